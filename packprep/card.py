@@ -1,0 +1,219 @@
+"""The dataset card (README.md) of an output folder: YAML the Hub reads, and a body a person reads."""
+
+from __future__ import annotations
+
+import json
+
+FEATURES = [
+    ("input_ids", "int32"),
+    ("labels", "int32"),
+    ("position_ids", "int32"),
+    ("seq_lens", "int32"),
+    ("source_index", "int64"),
+]
+# Values the Hub accepts for ``size_categories``: (upper bound of rows, label).
+SIZE_CATEGORIES = [
+    (1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"), (1_000_000, "100K<n<1M"),
+    (10_000_000, "1M<n<10M"), (100_000_000, "10M<n<100M"), (1_000_000_000, "100M<n<1B"),
+]
+HISTOGRAM_BINS = 10
+BAR_WIDTH = 40
+
+
+def length_histograms(row_lengths, sequence_lengths, max_len: int, bins: int = HISTOGRAM_BINS) -> dict:
+    """Counts of row and sequence lengths in ``bins`` equal bins of (0, max_len]; for the manifest.
+
+    Bin ``i`` holds lengths in ``(edges[i], edges[i+1]]``; lengths above max_len (rows of
+    ``--strategy minibatch``) are counted in ``rows_over`` / ``sequences_over``.
+    """
+    import numpy as np
+
+    edges = [round(max_len * i / bins) for i in range(bins + 1)]
+
+    def count(lengths):
+        lengths = np.asarray(lengths, dtype=np.int64)
+        inside = np.histogram(lengths[lengths <= max_len], bins=np.asarray(edges) + 0.5)[0] if len(lengths) else []
+        return [int(n) for n in inside] or [0] * bins, int((lengths > max_len).sum())
+
+    rows, rows_over = count(row_lengths)
+    sequences, sequences_over = count(sequence_lengths)
+    return {"edges": edges, "rows": rows, "sequences": sequences, "rows_over": rows_over,
+            "sequences_over": sequences_over}
+
+
+def _size_category(rows: int) -> str:
+    return next((label for bound, label in SIZE_CATEGORIES if rows < bound), "n>1B")
+
+
+def _arrow_bytes(manifest: dict) -> int:
+    """In-memory (Arrow) size of the table: what ``dataset_info.splits.num_bytes`` means on the Hub."""
+    tokens, sequences, rows = manifest["tokens"]["total"], manifest["sequences"], manifest["rows"]
+    # 3 int32 token columns, seq_lens int32 + source_index int64, and one int32 offset per row per column
+    return 12 * tokens + 12 * sequences + 4 * len(FEATURES) * (rows + 1)
+
+
+def _histogram_text(edges: list[int], counts: list[int], over: int, unit: str) -> str:
+    labels = [f"{edges[i] + 1:>6,} - {edges[i + 1]:>6,}" for i in range(len(counts))]
+    values = list(counts)
+    if over:
+        labels.append(f"{'> ' + format(edges[-1], ','):>15}")
+        values.append(over)
+    peak = max(values) if values and max(values) else 1
+    lines = [f"{'tokens':>15}  {unit:>10}"]
+    for label, value in zip(labels, values):
+        bar = "#" * (round(BAR_WIDTH * value / peak) if value else 0) or ("." if value else "")
+        lines.append(f"{label}  {value:>10,}  {bar}".rstrip())
+    return "\n".join(lines)
+
+
+def _histograms_section(manifest: dict) -> str:
+    hist = manifest.get("length_histograms")
+    if not hist:
+        return (
+            "## Lengths\n\n"
+            f"The longest row holds {manifest['max_row_len']:,} tokens; the mean row holds "
+            f"{manifest['tokens']['total'] / max(1, manifest['rows']):,.1f}. (This manifest records no length "
+            "histogram.)\n"
+        )
+    rows = _histogram_text(hist["edges"], hist["rows"], hist.get("rows_over", 0), "rows")
+    sequences = _histogram_text(hist["edges"], hist["sequences"], hist.get("sequences_over", 0), "sequences")
+    return f"""## Lengths
+
+Tokens per packed row (how full the rows are; max_len {manifest['config']['max_len']:,}):
+
+```text
+{rows}
+```
+
+Tokens per packed sequence (one conversation, or one piece of a split one):
+
+```text
+{sequences}
+```
+"""
+
+
+def _local_name(name_or_path: str) -> str:
+    """A Hub id as is; a local path by its last part only (the card is published, the packer's disk is not)."""
+    text = str(name_or_path).replace("\\", "/").rstrip("/")
+    if text.count("/") > 1 or text.startswith(("/", ".", "~")) or ":" in text:
+        return text.rsplit("/", 1)[-1] or text
+    return text
+
+
+def _inputs_text(manifest: dict) -> str:
+    lines = []
+    for source in manifest["inputs"]:
+        name = str(source["path"])
+        if source.get("kind") != "hub":  # local files: the name only, not the packer's directories
+            name = name.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1] or name
+        sha = f", sha256 `{source['sha256'][:16]}`" if source.get("sha256") else ""
+        lines.append(f"- `{name}`: {source['records']:,} records, format `{source['format']}`{sha}")
+    return "\n".join(lines) or "- (none)"
+
+
+def render_card(manifest: dict) -> str:
+    config = manifest["config"]
+    counts = manifest["counts"]
+    tok = manifest["tokenizer"]
+    fmt = config["shard_format"]
+    features = "\n".join(
+        f"  - name: {name}\n    sequence: {dtype}" for name, dtype in FEATURES
+    )
+    total_bytes = sum(shard["bytes"] for shard in manifest["shards"])
+    arrow_bytes = _arrow_bytes(manifest)
+    template_hash = (tok.get("chat_template_sha256") or "none")[:16]
+    header = f"""---
+configs:
+- config_name: default
+  data_files:
+  - split: train
+    path: data/train-*.{fmt}
+dataset_info:
+  features:
+{features}
+  splits:
+  - name: train
+    num_bytes: {arrow_bytes}
+    num_examples: {manifest['rows']}
+  download_size: {total_bytes}
+  dataset_size: {arrow_bytes}
+task_categories:
+- text-generation
+size_categories:
+- {_size_category(manifest['rows'])}
+tags:
+- packed
+- sft
+- packprep
+---
+"""
+    above = (
+        100.0 * (manifest["rows"] - manifest["lower_bound_rows"]) / manifest["lower_bound_rows"]
+        if manifest["lower_bound_rows"]
+        else 0.0
+    )
+    reasons = ", ".join(f"{code}: {n}" for code, n in counts["rejected_by_reason"].items()) or "none"
+    body = f"""
+# Packed SFT data (packprep {manifest['packprep_version']})
+
+{manifest['rows']:,} rows of at most {config['max_len']:,} tokens, holding {manifest['sequences']:,} packed
+sequences and {manifest['tokens']['total']:,} tokens ({manifest['tokens']['supervised']:,} supervised).
+Packing efficiency {manifest['efficiency']:.2%} (tokens / (rows x max_len)); {above:.2f}% more rows
+than the lower bound ceil(tokens / max_len).
+
+| setting | value |
+|---|---|
+| strategy | `{config['strategy']}` |
+| max_len | {config['max_len']} |
+| seed | {config['seed']} |
+| train_on | `{config['train_on']}` |
+| overlong | `{config['overlong']}` |
+| row order | `{config['row_order']}` |
+| tokenizer | `{_local_name(tok['name_or_path'])}` (vocab {tok['vocab_size']}, files sha256 `{tok['files_sha256'][:16]}`) |
+| chat template sha256 | `{template_hash}` |
+
+Records: {counts['records']:,} read, {counts['packed']:,} packed whole, {counts['truncated']:,} truncated,
+{counts['split']:,} split, {counts['rejected']:,} rejected ({reasons}; see `rejects.jsonl`). Inputs:
+
+{_inputs_text(manifest)}
+
+{_histograms_section(manifest)}
+## Columns
+
+Each row is one training row. `input_ids`, `labels` and `position_ids` have the row's length; no
+padding is stored. `labels` are unshifted (the model shifts them): equal to `input_ids` where the
+token is trained, `-100` elsewhere, and `-100` at the first token of every packed sequence, so no
+sequence is asked to predict the next one. `position_ids` restart at 0 for each packed sequence;
+`seq_lens` are the sequence lengths (a varlen kernel's `cu_seqlens` is their running sum);
+`source_index` gives each sequence's input record.
+
+Feed rows to a varlen attention kernel (flash-attention, `torch.nn.attention.varlen`) or to
+transformers with `position_ids` and **no attention mask** and `use_cache=False`. An all-ones
+attention mask, or a KV cache, silently disables the isolation between packed sequences.
+
+## Load and train
+
+```python
+from datasets import load_dataset
+rows = load_dataset("path/or/repo_id", split="train")
+
+from torch.utils.data import DataLoader
+from packprep.torch import collate_packed  # pip install "packprep[torch]"
+loader = DataLoader(rows.with_format("numpy"), batch_size=1, collate_fn=collate_packed)
+for batch in loader:
+    out = model(**batch)  # input_ids, labels, position_ids, cu_seq_lens_*, max_length_*, use_cache=False
+```
+
+`packprep.json` holds the full configuration, input hashes and counts; `packprep verify DIR` re-checks
+every guarantee above.
+
+<details><summary>manifest</summary>
+
+```json
+{json.dumps({k: manifest[k] for k in ('config', 'counts', 'tokens', 'rows', 'efficiency')}, indent=2)}
+```
+
+</details>
+"""
+    return header + body

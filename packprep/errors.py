@@ -1,0 +1,54 @@
+"""Errors that the CLI turns into one clear line and a documented exit code."""
+
+EXIT_OK = 0
+EXIT_INTERNAL = 1
+EXIT_CONFIG = 2
+EXIT_INPUT = 3
+EXIT_VERIFY = 4
+EXIT_OUTPUT = 5
+EXIT_PUSH = 6
+
+EXIT_CODES_HELP = (
+    "Exit codes: 0 success; 2 usage or configuration error (nothing was written); "
+    "3 an input file cannot be read, or a record was rejected under --on-error fail; "
+    "4 verification failed; 5 the output could not be written (disk full, permissions); "
+    "1 an unexpected internal error (please report it); "
+    "6 the push to the Hugging Face Hub failed (no or invalid token, no write access, no network, "
+    "unknown branch)."
+)
+
+
+class PackprepError(Exception):
+    """Base class: a message meant for the user, plus the exit code the CLI returns."""
+
+    exit_code = EXIT_INTERNAL
+
+
+class ConfigError(PackprepError):
+    """The run cannot start as configured; raised before any work is done."""
+
+    exit_code = EXIT_CONFIG
+
+
+class InputError(PackprepError):
+    """An input file cannot be parsed, or a record was rejected under --on-error fail."""
+
+    exit_code = EXIT_INPUT
+
+
+class VerifyError(PackprepError):
+    """A packed output folder breaks the output contract."""
+
+    exit_code = EXIT_VERIFY
+
+
+class OutputError(PackprepError):
+    """The output folder could not be written."""
+
+    exit_code = EXIT_OUTPUT
+
+
+class PushError(PackprepError):
+    """The folder could not be pushed to the Hugging Face Hub (token, access, network, branch)."""
+
+    exit_code = EXIT_PUSH

@@ -1,0 +1,792 @@
+"""Packing engine: a pure function from token lengths to bins.
+
+Everything here works on a 1-D integer array of sample lengths and returns a
+:class:`Bins` (CSR form: ``items`` grouped by bin, ``offsets`` of length
+``n_bins + 1``).  No I/O, no tokenizer, no imports from the rest of packprep.
+
+Strategies (see :func:`pack_lengths`):
+
+``greedy``
+    Exact first-fit-decreasing.  Items sorted by length descending, ties by input
+    index ascending; each item goes into the lowest-numbered open bin with room.
+    Bins are numbered in order of creation.  The result is unique.
+``bfd``
+    Best-fit-decreasing.  Same order; each item goes into the open bin with the
+    least remaining room that still fits (ties: lowest bin number).
+``random``
+    Seeded permutation of the items, concatenated and cut every ``max_len``
+    tokens.  A sample crossing a cut becomes pieces (``starts``/``lengths``).
+    Every bin holds exactly ``max_len`` tokens except the last one.
+``pad``
+    One item per bin, in input order.
+``minibatch``
+    Seeded permutation, then every ``samples_per_row`` consecutive items form a
+    bin (bins may exceed ``max_len``).
+
+Implementation notes (chosen by measurement, see benchmarks/bench_packing.py).
+Lengths are bounded ints, so the decreasing order is a counting sort.  Both
+``greedy`` and ``bfd`` group open bins by remaining capacity ``c`` (an int in
+[0, max_len]): per ``c`` a pairing heap of bin numbers (links stored in flat
+arrays indexed by bin).  ``greedy`` keeps a min segment tree over ``c`` of the
+heap minima, so "the lowest-numbered bin with room >= L" is a range-min over
+[L, max_len] in a tree of max_len+1 leaves that stays in cache; ``bfd`` keeps a
+two-level bitmap of non-empty capacities, so "the least room >= L" is a
+find-next-set-bit.  Items longer than ``max_len // 2`` each open their own bin
+(no two fit together and none fits an earlier bin), and a run of equal lengths
+is placed in one step per bin touched (the chosen bin stays the choice until it
+is full).  The kernels are compiled by numba with ``cache=True``.
+
+All work arrays are allocated with numpy in Python (not inside numba), so
+``tracemalloc`` sees the true peak memory of a call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+__all__ = [
+    "Bins",
+    "STRATEGIES",
+    "ROW_ORDERS",
+    "pack_lengths",
+    "order_bins",
+    "split_pieces",
+    "pieces_to_bins",
+    "lower_bound",
+]
+
+STRATEGIES = ("greedy", "bfd", "random", "pad", "minibatch")
+ROW_ORDERS = ("shuffle", "length", "input")
+
+_MAX_LEN_LIMIT = 2**31 - 1
+_INF = np.int64(1) << np.int64(62)
+# greedy/bfd use arrays indexed by remaining capacity (0..max_len) up to this
+# max_len; above it, structures indexed by bin (memory O(n), slower).
+_CLASS_LIMIT = 1 << 20
+
+
+@dataclass(frozen=True)
+class Bins:
+    """Bins in CSR form.
+
+    ``items[offsets[b]:offsets[b+1]]`` are the item indices of bin ``b``.  When
+    pieces exist (``random``, or bins mapped back from :func:`split_pieces`),
+    ``starts``/``lengths`` are aligned with ``items``: the first token of the
+    piece inside its item and the piece length.  Otherwise they are ``None`` and
+    each entry is a whole item.
+    """
+
+    items: np.ndarray
+    offsets: np.ndarray
+    starts: np.ndarray | None = None
+    lengths: np.ndarray | None = None
+
+    @property
+    def n_bins(self) -> int:
+        return int(self.offsets.shape[0]) - 1
+
+    def entry_lengths(self, lengths) -> np.ndarray:
+        """Token count of each entry of ``items`` (piece length when pieces exist)."""
+        if self.lengths is not None:
+            return self.lengths
+        return np.asarray(lengths, dtype=np.int64)[self.items]
+
+    def bin_lengths(self, lengths) -> np.ndarray:
+        """Total tokens per bin (int64, length ``n_bins``)."""
+        per_entry = self.entry_lengths(lengths)
+        cs = np.zeros(per_entry.shape[0] + 1, dtype=np.int64)
+        np.cumsum(per_entry, out=cs[1:])
+        return cs[self.offsets[1:]] - cs[self.offsets[:-1]]
+
+    def __len__(self) -> int:
+        return self.n_bins
+
+
+# --------------------------------------------------------------------------
+# validation helpers
+
+
+def _as_lengths(lengths) -> np.ndarray:
+    arr = np.asarray(lengths)
+    if arr.ndim != 1:
+        raise ValueError(f"lengths must be a 1-D array, got shape {arr.shape}")
+    if arr.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if arr.dtype.kind not in "iu":
+        raise ValueError(f"lengths must have an integer dtype, got {arr.dtype}")
+    mn = int(arr.min())
+    if mn < 1:
+        bad = int(np.flatnonzero(arr < 1)[0])
+        raise ValueError(f"all lengths must be >= 1; lengths[{bad}] = {int(arr[bad])}")
+    if arr.dtype.kind == "u" and int(arr.max()) > np.iinfo(np.int64).max:
+        raise ValueError("lengths do not fit in int64")
+    return np.ascontiguousarray(arr, dtype=np.int64)
+
+
+def _check_max_len(max_len) -> int:
+    if isinstance(max_len, (bool, np.bool_)) or not isinstance(max_len, (int, np.integer)):
+        raise ValueError(f"max_len must be an integer, got {max_len!r}")
+    max_len = int(max_len)
+    if max_len < 1:
+        raise ValueError(f"max_len must be >= 1, got {max_len}")
+    if max_len > _MAX_LEN_LIMIT:
+        raise ValueError(f"max_len must be < 2**31, got {max_len}")
+    return max_len
+
+
+def _check_fits(lengths: np.ndarray, max_len: int, strategy: str) -> None:
+    if lengths.size and int(lengths.max()) > max_len:
+        bad = np.flatnonzero(lengths > max_len)
+        raise ValueError(
+            f"strategy {strategy!r}: {bad.size} item(s) longer than max_len={max_len} "
+            f"(first: lengths[{int(bad[0])}] = {int(lengths[bad[0]])}); apply an overlong "
+            f"policy first (truncate, drop, or split_pieces)"
+        )
+
+
+def lower_bound(lengths, max_len) -> int:
+    """``ceil(sum(lengths) / max_len)``: no packing can use fewer bins."""
+    max_len = _check_max_len(max_len)
+    total = int(np.asarray(lengths, dtype=np.int64).sum())
+    return -(-total // max_len)
+
+
+# --------------------------------------------------------------------------
+# numba kernels
+
+
+@njit(cache=True)
+def _counting_order_desc(lengths, max_len, counts, order):
+    """Stable order by length descending (ties: index ascending)."""
+    n = lengths.shape[0]
+    for i in range(n):
+        counts[lengths[i]] += 1
+    pos = 0
+    for v in range(max_len, 0, -1):
+        c = counts[v]
+        counts[v] = pos
+        pos += c
+    for i in range(n):
+        v = lengths[i]
+        order[counts[v]] = i
+        counts[v] += 1
+
+
+@njit(cache=True, inline="always")
+def _heap_pop(root, child, sibling, scratch, c):
+    """Remove the minimum of pairing heap ``root[c]`` (two-pass); return the new root."""
+    b = root[c]
+    first = child[b]
+    top = 0
+    while first >= 0:
+        a = first
+        s = sibling[a]
+        if s < 0:
+            scratch[top] = a
+            top += 1
+            break
+        first = sibling[s]
+        sibling[a] = -1
+        sibling[s] = -1
+        if s < a:
+            a, s = s, a
+        sibling[s] = child[a]
+        child[a] = s
+        scratch[top] = a
+        top += 1
+    r = -1
+    while top > 0:
+        top -= 1
+        a = scratch[top]
+        if r < 0:
+            r = a
+        else:
+            if a < r:
+                a, r = r, a
+            sibling[a] = child[r]
+            child[r] = a
+    root[c] = r
+    return r
+
+
+@njit(cache=True, inline="always")
+def _heap_push(root, child, sibling, c, b):
+    """Insert bin ``b`` into pairing heap ``root[c]``; return the new root."""
+    child[b] = -1
+    sibling[b] = -1
+    r = root[c]
+    if r < 0:
+        root[c] = b
+        return b
+    if b < r:
+        child[b] = r
+        root[c] = b
+        return b
+    sibling[b] = child[r]
+    child[r] = b
+    return r
+
+
+@njit(cache=True, inline="always")
+def _ctree_set(ct, size, c, v):
+    """Set leaf c of the min segment tree ``ct`` to v and fix its ancestors."""
+    node = c + size
+    ct[node] = v
+    node >>= 1
+    while node >= 1:
+        a = ct[2 * node]
+        d = ct[2 * node + 1]
+        m = a if a <= d else d
+        if ct[node] == m:
+            break
+        ct[node] = m
+        node >>= 1
+
+
+@njit(cache=True)
+def _ffd_kernel(lengths, order, max_len, root, child, sibling, scratch, ct, bincls, bin_of):
+    """First-fit-decreasing.  Open bins are grouped by remaining capacity c:
+    ``root[c]`` is a pairing heap (keyed by bin number) of the bins with exactly
+    c tokens left, and ``ct`` is a min segment tree over c of the heap minima,
+    so "lowest-numbered bin with room >= L" is a range-min over [L, max_len]
+    (the tree has max_len+1 leaves: small and cache resident).  Returns n_bins.
+    """
+    n = order.shape[0]
+    size = ct.shape[0] // 2
+    INF = ct[0]
+    nb = 0
+    min_len = lengths[order[n - 1]]
+    half = max_len // 2
+    i = 0
+    while i < n and lengths[order[i]] > half:
+        c = max_len - lengths[order[i]]
+        bin_of[i] = i
+        if c >= min_len:
+            bincls[i] = c
+            r = _heap_push(root, child, sibling, c, i)
+            if r == i:
+                _ctree_set(ct, size, c, i)
+        i += 1
+    nb = i
+    while i < n:
+        L = lengths[order[i]]
+        j = i + 1
+        while j < n and lengths[order[j]] == L:
+            j += 1
+        while i < j:
+            lo = L + size
+            hi = max_len + size + 1
+            best = INF
+            while lo < hi:
+                if lo & 1:
+                    v = ct[lo]
+                    if v < best:
+                        best = v
+                    lo += 1
+                if hi & 1:
+                    hi -= 1
+                    v = ct[hi]
+                    if v < best:
+                        best = v
+                lo >>= 1
+                hi >>= 1
+            if best == INF:
+                b = nb
+                nb += 1
+                c = max_len
+            else:
+                b = best
+                c = bincls[b]
+                r = _heap_pop(root, child, sibling, scratch, c)
+                _ctree_set(ct, size, c, INF if r < 0 else r)
+            m = c // L
+            if m > j - i:
+                m = j - i
+            for k in range(i, i + m):
+                bin_of[k] = b
+            i += m
+            c -= m * L
+            if c >= min_len:
+                bincls[b] = c
+                r = _heap_push(root, child, sibling, c, b)
+                if r == b:
+                    _ctree_set(ct, size, c, b)
+    return nb
+
+@njit(cache=True)
+def _ffd_tree_kernel(lengths, order, max_len, tree, bin_of):
+    """First-fit-decreasing over a max segment tree indexed by bin (memory
+    O(bins), used when max_len is too large for per-capacity arrays).  Leaves of
+    bins not yet opened hold max_len, so a new bin is just the leftmost leaf
+    that fits.  Returns n_bins."""
+    n = order.shape[0]
+    size = tree.shape[0] // 2
+    for p in range(size, 2 * size):
+        tree[p] = max_len
+    for p in range(size - 1, 0, -1):
+        tree[p] = max_len
+    nb = 0
+    i = 0
+    while i < n:
+        L = lengths[order[i]]
+        j = i + 1
+        while j < n and lengths[order[j]] == L:
+            j += 1
+        while i < j:
+            node = 1
+            while node < size:
+                node *= 2
+                if tree[node] < L:
+                    node += 1
+            cap = tree[node]
+            b = node - size
+            m = cap // L
+            if m > j - i:
+                m = j - i
+            for k in range(i, i + m):
+                bin_of[k] = b
+            i += m
+            if b >= nb:
+                nb = b + 1
+            tree[node] = cap - m * L
+            node //= 2
+            while node >= 1:
+                a = tree[2 * node]
+                c = tree[2 * node + 1]
+                v = a if a >= c else c
+                if tree[node] == v:
+                    break
+                tree[node] = v
+                node //= 2
+    return nb
+
+
+@njit(cache=True, inline="always")
+def _ctz64(w):
+    # index of the lowest set bit of a non-zero uint64 (de Bruijn)
+    return _DEBRUIJN_TABLE[((w & (~w + np.uint64(1))) * np.uint64(0x03F79D71B4CB0A89)) >> np.uint64(58)]
+
+
+_DEBRUIJN_TABLE = np.zeros(64, dtype=np.int64)
+for _i in range(64):
+    _DEBRUIJN_TABLE[(((1 << _i) * 0x03F79D71B4CB0A89) & 0xFFFFFFFFFFFFFFFF) >> 58] = _i
+del _i
+
+
+@njit(cache=True, inline="always")
+def _bit_set(w0, w1, c):
+    w0[c >> 6] |= np.uint64(1) << np.uint64(c & 63)
+    w1[c >> 12] |= np.uint64(1) << np.uint64((c >> 6) & 63)
+
+
+@njit(cache=True, inline="always")
+def _bit_clear(w0, w1, c):
+    i = c >> 6
+    w0[i] &= ~(np.uint64(1) << np.uint64(c & 63))
+    if w0[i] == np.uint64(0):
+        w1[i >> 6] &= ~(np.uint64(1) << np.uint64(i & 63))
+
+
+@njit(cache=True, inline="always")
+def _bit_next(w0, w1, c):
+    """Smallest set position >= c, or -1."""
+    i = c >> 6
+    if i >= w0.shape[0]:
+        return -1
+    w = w0[i] & (~np.uint64(0) << np.uint64(c & 63))
+    if w != np.uint64(0):
+        return (i << 6) + _ctz64(w)
+    i += 1
+    j = i >> 6
+    if j >= w1.shape[0]:
+        return -1
+    if (i & 63) == 0:
+        w = w1[j]
+    else:
+        w = w1[j] & (~np.uint64(0) << np.uint64(i & 63))
+    while w == np.uint64(0):
+        j += 1
+        if j >= w1.shape[0]:
+            return -1
+        w = w1[j]
+    i = (j << 6) + _ctz64(w)
+    return (i << 6) + _ctz64(w0[i])
+
+
+@njit(cache=True)
+def _bfd_kernel(lengths, order, max_len, root, child, sibling, scratch, w0, w1, bin_of):
+    """Best-fit-decreasing with per-capacity pairing heaps keyed by bin number.
+
+    ``root[c]`` is the heap of open bins whose remaining capacity is exactly c
+    (-1 if empty), with ``child``/``sibling`` links per bin.  Returns n_bins.
+    """
+    n = order.shape[0]
+    nb = 0
+    min_len = lengths[order[n - 1]] if n > 0 else 1
+    i = 0
+    while i < n:
+        L = lengths[order[i]]
+        j = i + 1
+        while j < n and lengths[order[j]] == L:
+            j += 1
+        while i < j:
+            c = _bit_next(w0, w1, L)
+            if c < 0:
+                b = nb
+                nb += 1
+                c = max_len
+            else:
+                b = root[c]
+                r = _heap_pop(root, child, sibling, scratch, c)
+                if r < 0:
+                    _bit_clear(w0, w1, c)
+            m = c // L
+            if m > j - i:
+                m = j - i
+            for k in range(i, i + m):
+                bin_of[k] = b
+            i += m
+            c -= m * L
+            if c >= min_len:
+                if root[c] < 0:
+                    _bit_set(w0, w1, c)
+                _heap_push(root, child, sibling, c, b)
+    return nb
+
+
+@njit(cache=True)
+def _csr_from_bin_of(order, bin_of, n_bins, offsets, items):
+    n = order.shape[0]
+    for k in range(n):
+        offsets[bin_of[k] + 1] += 1
+    for b in range(n_bins):
+        offsets[b + 1] += offsets[b]
+    # use items as output; fill via a moving cursor stored in a copy of offsets
+    for k in range(n):
+        b = bin_of[k]
+        items[offsets[b]] = order[k]
+        offsets[b] += 1
+    for b in range(n_bins, 0, -1):
+        offsets[b] = offsets[b - 1]
+    offsets[0] = 0
+
+
+@njit(cache=True)
+def _random_kernel(perm, lengths, max_len, items, starts, plens, offsets):
+    """Cut the concatenation of ``lengths[perm]`` every max_len tokens."""
+    p = 0
+    b = 0
+    room = max_len
+    for t in range(perm.shape[0]):
+        it = perm[t]
+        L = lengths[it]
+        s = 0
+        while L > 0:
+            take = L if L < room else room
+            items[p] = it
+            starts[p] = s
+            plens[p] = take
+            p += 1
+            s += take
+            L -= take
+            room -= take
+            if room == 0:
+                b += 1
+                offsets[b] = p
+                room = max_len
+    if room != max_len:
+        b += 1
+        offsets[b] = p
+    return p, b
+
+
+# --------------------------------------------------------------------------
+# strategies
+
+
+def _sorted_order(lengths: np.ndarray, max_len: int) -> np.ndarray:
+    n = lengths.shape[0]
+    if max_len <= 4 * n + (1 << 16):
+        counts = np.zeros(max_len + 1, dtype=np.int64)
+        order = np.empty(n, dtype=np.int64)
+        _counting_order_desc(lengths, max_len, counts, order)
+        return order
+    return np.argsort(-lengths, kind="stable").astype(np.int64, copy=False)
+
+
+def _bin_bound(lengths: np.ndarray, max_len: int) -> int:
+    # any first/best-fit packing has at most one bin at most half full, so
+    # n_bins <= 2*sum/max_len + 1; and never more bins than items.
+    total = int(lengths.sum())
+    return max(1, min(lengths.shape[0], 2 * total // max_len + 2))
+
+
+def _csr(order, bin_of, nb) -> Bins:
+    offsets = np.zeros(nb + 1, dtype=np.int64)
+    items = np.empty(order.shape[0], dtype=np.int64)
+    _csr_from_bin_of(order, bin_of, nb, offsets, items)
+    return Bins(items=items, offsets=offsets)
+
+
+def _empty_bins(with_pieces: bool = False) -> Bins:
+    z = np.zeros(0, dtype=np.int64)
+    if with_pieces:
+        return Bins(items=z, offsets=np.zeros(1, dtype=np.int64), starts=z.copy(), lengths=z.copy())
+    return Bins(items=z, offsets=np.zeros(1, dtype=np.int64))
+
+
+def _pack_greedy(lengths: np.ndarray, max_len: int) -> Bins:
+    n = lengths.shape[0]
+    if n == 0:
+        return _empty_bins()
+    order = _sorted_order(lengths, max_len)
+    bound = _bin_bound(lengths, max_len)
+    bin_of = np.empty(n, dtype=np.int64)
+    if max_len > _CLASS_LIMIT:
+        size = 1
+        while size < bound:
+            size *= 2
+        tree = np.empty(2 * size, dtype=np.int64)
+        nb = _ffd_tree_kernel(lengths, order, np.int64(max_len), tree, bin_of)
+        del tree
+        return _csr(order, bin_of, nb)
+    root = np.full(max_len + 1, -1, dtype=np.int64)
+    child = np.empty(bound, dtype=np.int64)
+    sibling = np.empty(bound, dtype=np.int64)
+    scratch = np.empty(bound, dtype=np.int64)
+    bincls = np.empty(bound, dtype=np.int64)
+    size = 1
+    while size < max_len + 1:
+        size *= 2
+    ct = np.full(2 * size, _INF, dtype=np.int64)  # ct[0] (unused node) holds the INF sentinel
+    nb = _ffd_kernel(lengths, order, np.int64(max_len), root, child, sibling, scratch, ct, bincls, bin_of)
+    del root, child, sibling, scratch, bincls, ct
+    return _csr(order, bin_of, nb)
+
+
+def _pack_bfd(lengths: np.ndarray, max_len: int) -> Bins:
+    n = lengths.shape[0]
+    if n == 0:
+        return _empty_bins()
+    order = _sorted_order(lengths, max_len)
+    if max_len > _CLASS_LIMIT:
+        return _pack_bfd_large(lengths, order, max_len)
+    bound = _bin_bound(lengths, max_len)
+    root = np.full(max_len + 1, -1, dtype=np.int64)
+    child = np.empty(bound, dtype=np.int64)
+    sibling = np.empty(bound, dtype=np.int64)
+    scratch = np.empty(bound, dtype=np.int64)
+    w0 = np.zeros((max_len >> 6) + 1, dtype=np.uint64)
+    w1 = np.zeros((w0.shape[0] >> 6) + 1, dtype=np.uint64)
+    bin_of = np.empty(n, dtype=np.int64)
+    nb = _bfd_kernel(lengths, order, np.int64(max_len), root, child, sibling, scratch, w0, w1, bin_of)
+    del root, child, sibling, scratch
+    return _csr(order, bin_of, nb)
+
+
+def _pack_bfd_large(lengths: np.ndarray, order: np.ndarray, max_len: int) -> Bins:
+    """Best-fit-decreasing for very large max_len (per-capacity arrays would be
+    too big): a sorted list of distinct open capacities plus a heap of bin
+    numbers per capacity.  Same result as the numba kernel, slower."""
+    import bisect
+    import heapq
+
+    n = lengths.shape[0]
+    bin_of = np.empty(n, dtype=np.int64)
+    caps: list[int] = []  # sorted distinct remaining capacities of open bins
+    heaps: dict[int, list[int]] = {}
+    min_len = int(lengths[order[-1]])
+    ls = lengths[order].tolist()
+    nb = 0
+    i = 0
+    while i < n:
+        L = ls[i]
+        j = i + 1
+        while j < n and ls[j] == L:
+            j += 1
+        while i < j:
+            k = bisect.bisect_left(caps, L)
+            if k == len(caps):
+                b = nb
+                nb += 1
+                c = max_len
+            else:
+                c = caps[k]
+                h = heaps[c]
+                b = heapq.heappop(h)
+                if not h:
+                    del heaps[c]
+                    caps.pop(k)
+            m = min(c // L, j - i)
+            bin_of[i : i + m] = b
+            i += m
+            c -= m * L
+            if c >= min_len:
+                h = heaps.get(c)
+                if h is None:
+                    heaps[c] = [b]
+                    bisect.insort(caps, c)
+                else:
+                    heapq.heappush(h, b)
+    return _csr(order, bin_of, nb)
+
+
+def _pack_random(lengths: np.ndarray, max_len: int, seed) -> Bins:
+    n = lengths.shape[0]
+    if n == 0:
+        return _empty_bins(with_pieces=True)
+    perm = np.random.default_rng(seed).permutation(n).astype(np.int64, copy=False)
+    total = int(lengths.sum())
+    # every item contributes one piece plus one per cut strictly inside it
+    max_pieces = n + total // max_len
+    items = np.empty(max_pieces, dtype=np.int64)
+    starts = np.empty(max_pieces, dtype=np.int64)
+    plens = np.empty(max_pieces, dtype=np.int64)
+    offsets = np.zeros(-(-total // max_len) + 1, dtype=np.int64)
+    p, b = _random_kernel(perm, lengths, np.int64(max_len), items, starts, plens, offsets)
+    assert b == offsets.shape[0] - 1
+    if p != max_pieces:
+        items, starts, plens = items[:p].copy(), starts[:p].copy(), plens[:p].copy()
+    return Bins(items=items, offsets=offsets, starts=starts, lengths=plens)
+
+
+def _pack_pad(lengths: np.ndarray) -> Bins:
+    n = lengths.shape[0]
+    return Bins(items=np.arange(n, dtype=np.int64), offsets=np.arange(n + 1, dtype=np.int64))
+
+
+def _pack_minibatch(lengths: np.ndarray, seed, samples_per_row) -> Bins:
+    if samples_per_row is None:
+        raise ValueError("strategy 'minibatch' requires samples_per_row (>= 1)")
+    if isinstance(samples_per_row, (bool, np.bool_)) or not isinstance(samples_per_row, (int, np.integer)):
+        raise ValueError(f"samples_per_row must be an integer, got {samples_per_row!r}")
+    k = int(samples_per_row)
+    if k < 1:
+        raise ValueError(f"samples_per_row must be >= 1, got {k}")
+    n = lengths.shape[0]
+    if n == 0:
+        return _empty_bins()
+    perm = np.random.default_rng(seed).permutation(n).astype(np.int64, copy=False)
+    offsets = np.minimum(np.arange(0, n + k, k, dtype=np.int64), n)
+    offsets = offsets[: -(-n // k) + 1]
+    return Bins(items=perm, offsets=offsets)
+
+
+def pack_lengths(lengths, max_len, strategy="greedy", seed=0, samples_per_row=None) -> Bins:
+    """Pack items of the given token ``lengths`` into bins of ``max_len`` tokens.
+
+    Args:
+        lengths: 1-D integer array, every value >= 1.  For ``greedy``, ``bfd``
+            and ``pad`` every value must be <= ``max_len`` (apply an overlong
+            policy first, e.g. :func:`split_pieces`); ``random`` cuts anything;
+            ``minibatch`` does not check.
+        max_len: bin capacity in tokens (1 <= max_len < 2**31).
+        strategy: one of :data:`STRATEGIES`.
+        seed: seed for ``random`` and ``minibatch`` (``np.random.default_rng``).
+        samples_per_row: items per bin, required for ``minibatch``.
+
+    Returns:
+        :class:`Bins`.  ``starts``/``lengths`` are set only for ``random``.
+        The result depends only on the arguments (never on process count).
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}; expected one of {STRATEGIES}")
+    max_len = _check_max_len(max_len)
+    arr = _as_lengths(lengths)
+    if strategy == "greedy":
+        _check_fits(arr, max_len, strategy)
+        return _pack_greedy(arr, max_len)
+    if strategy == "bfd":
+        _check_fits(arr, max_len, strategy)
+        return _pack_bfd(arr, max_len)
+    if strategy == "pad":
+        _check_fits(arr, max_len, strategy)
+        return _pack_pad(arr)
+    if strategy == "random":
+        return _pack_random(arr, max_len, seed)
+    return _pack_minibatch(arr, seed, samples_per_row)
+
+
+# --------------------------------------------------------------------------
+# overlong split and row order
+
+
+def split_pieces(lengths, max_len) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Cut every item into ``max_len``-sized pieces (the last may be shorter).
+
+    Returns ``(item, start, length)`` int64 arrays, one row per piece, in item
+    order; an item with length <= max_len is a single piece ``(i, 0, len)``.
+    Pack the piece lengths with :func:`pack_lengths`, then map the bins back
+    to items with :func:`pieces_to_bins`.
+    """
+    max_len = _check_max_len(max_len)
+    arr = _as_lengths(lengths)
+    n_pieces = (arr + (max_len - 1)) // max_len
+    item = np.repeat(np.arange(arr.shape[0], dtype=np.int64), n_pieces)
+    first = np.zeros(arr.shape[0] + 1, dtype=np.int64)
+    np.cumsum(n_pieces, out=first[1:])
+    k = np.arange(item.shape[0], dtype=np.int64) - first[item]
+    start = k * max_len
+    length = np.minimum(arr[item] - start, max_len)
+    return item, start, length
+
+
+def pieces_to_bins(bins: Bins, item, start, length) -> Bins:
+    """Map ``bins`` packed over pieces (indices into the piece arrays returned by
+    :func:`split_pieces`) back to original items, with ``starts``/``lengths``."""
+    item = np.asarray(item, dtype=np.int64)
+    start = np.asarray(start, dtype=np.int64)
+    length = np.asarray(length, dtype=np.int64)
+    idx = bins.items
+    return Bins(items=item[idx], offsets=bins.offsets.copy(), starts=start[idx], lengths=length[idx])
+
+
+def order_bins(bins: Bins, lengths=None, row_order="shuffle", seed=0) -> Bins:
+    """Return the same bins in a new order (entries within a bin keep their order).
+
+    ``shuffle``: ``np.random.default_rng(seed).permutation(n_bins)``.
+    ``length``: the packer's own order (for greedy/bfd: creation order, i.e.
+    by decreasing first item).  ``input``: by the smallest item index in each
+    bin (stable).  ``lengths`` is accepted for API symmetry and not needed.
+    """
+    if row_order not in ROW_ORDERS:
+        raise ValueError(f"unknown row_order {row_order!r}; expected one of {ROW_ORDERS}")
+    nb = bins.n_bins
+    if row_order == "length":
+        return Bins(
+            items=bins.items.copy(),
+            offsets=bins.offsets.copy(),
+            starts=None if bins.starts is None else bins.starts.copy(),
+            lengths=None if bins.lengths is None else bins.lengths.copy(),
+        )
+    if row_order == "shuffle":
+        perm = np.random.default_rng(seed).permutation(nb).astype(np.int64, copy=False)
+    else:
+        sizes = np.diff(bins.offsets)
+        if nb and np.any(sizes == 0):
+            key = np.full(nb, np.iinfo(np.int64).max, dtype=np.int64)
+            nz = sizes > 0
+            key[nz] = np.minimum.reduceat(bins.items, bins.offsets[:-1][nz])
+        elif nb:
+            key = np.minimum.reduceat(bins.items, bins.offsets[:-1])
+        else:
+            key = np.zeros(0, dtype=np.int64)
+        perm = np.argsort(key, kind="stable").astype(np.int64, copy=False)
+    return _take_bins(bins, perm)
+
+
+def _take_bins(bins: Bins, perm: np.ndarray) -> Bins:
+    sizes = np.diff(bins.offsets)[perm]
+    offsets = np.zeros(perm.shape[0] + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    # entry index in the old layout for every entry of the new layout
+    src = np.repeat(bins.offsets[:-1][perm] - offsets[:-1], sizes) + np.arange(offsets[-1], dtype=np.int64)
+    return Bins(
+        items=bins.items[src],
+        offsets=offsets,
+        starts=None if bins.starts is None else bins.starts[src],
+        lengths=None if bins.lengths is None else bins.lengths[src],
+    )

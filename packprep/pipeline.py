@@ -1,0 +1,371 @@
+"""The whole job, as one library call: read → normalize → tokenize → pack → materialize → write.
+
+``packprep.pack(...)`` is what the CLI runs and what a notebook calls. It returns the manifest
+(the dict written to ``packprep.json``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from itertools import islice
+from typing import Iterable, Iterator
+
+import multiprocessing
+import numpy as np
+
+from . import __version__
+from .card import render_card
+from .errors import ConfigError, InputError
+from .materialize import Segments, TokenStore, TokenStoreBuilder
+from .normalize import FORMATS, Conversation, FieldNames, Rejected, detect_format, normalize
+from .packing import ROW_ORDERS, STRATEGIES, Bins, lower_bound, order_bins, pack_lengths, pieces_to_bins, split_pieces
+from .read import Record, Source, read_records, resolve_inputs
+from .tokenize import TRAIN_ON, ChatEncoder, Encoded, load_tokenizer, tokenizer_fingerprint
+from .write import SHARD_FORMATS, OutputFolder, parse_size, write_shards
+
+OVERLONG = ("truncate", "drop", "split")
+ON_ERROR = ("skip", "fail")
+# What became of each input record (the manifest counts these; verify checks they add up).
+PACKED, TRUNCATED, SPLIT, REJECTED = "packed", "truncated", "split", "rejected"
+
+
+@dataclass
+class PackConfig:
+    """Every setting that shapes the output; recorded in full in the manifest."""
+
+    max_len: int = 4096
+    strategy: str = "greedy"
+    seed: int = 0
+    train_on: str = "assistant"
+    format: str | None = None  # None: detected per file
+    messages_field: str | None = None
+    text_field: str = "text"
+    overlong: str = "truncate"
+    row_order: str = "shuffle"
+    samples_per_row: int | None = None
+    shard_format: str = "parquet"
+    shard_size: str = "500MB"
+    on_error: str = "skip"
+
+    def validate(self) -> None:
+        choices = {
+            "strategy": STRATEGIES,
+            "train_on": TRAIN_ON,
+            "overlong": OVERLONG,
+            "row_order": ROW_ORDERS,
+            "shard_format": SHARD_FORMATS,
+            "on_error": ON_ERROR,
+        }
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"--{name.replace('_', '-')} must be one of {', '.join(allowed)}")
+        if self.format is not None and self.format not in FORMATS:
+            raise ConfigError(f"--format must be one of {', '.join(FORMATS)}")
+        if self.max_len < 2:
+            raise ConfigError("--max-len must be at least 2")
+        if self.strategy == "minibatch" and not (self.samples_per_row and self.samples_per_row >= 1):
+            raise ConfigError("--strategy minibatch needs --samples-per-row B (B >= 1)")
+        parse_size(self.shard_size)
+
+
+def pack(
+    inputs: str | list[str],
+    output: str,
+    tokenizer: str,
+    *,
+    overwrite: bool = False,
+    num_proc: int | None = None,
+    progress: bool = False,
+    **settings,
+) -> dict:
+    """Pack conversations from ``inputs`` into shards at ``output``; return the manifest.
+
+    ``settings`` are the fields of :class:`PackConfig` (``max_len``, ``strategy``, ``seed``, ...).
+    Output is identical for any ``num_proc`` (default: all cores).
+    """
+    config = PackConfig(**settings)
+    config.validate()
+    sources = resolve_inputs([inputs] if isinstance(inputs, str) else list(inputs))
+    folder = OutputFolder(output, overwrite)
+    folder.check()
+    tok = load_tokenizer(tokenizer)
+    encoder = ChatEncoder(tok, config.train_on)
+    fields = FieldNames(config.messages_field, config.text_field)
+    formats = [_source_format(source, config, fields) for source in sources]
+    _check_template(encoder, formats, config.max_len)
+    num_proc = max(1, num_proc or os.cpu_count() or 1)
+
+    with folder.staging() as tmp:
+        ledger = Ledger(config, tmp / "rejects.jsonl")
+        with ledger:
+            store = _tokenize_all(sources, formats, fields, encoder, tokenizer, config, ledger, num_proc, progress)
+        bins = _pack(store, config, ledger)
+        segments = _segments(bins, store)
+        with _progress(progress, segments.offsets.size - 1, "write", "rows") as bar:
+            shards = write_shards(
+                tmp, store, segments, config.max_len, config.shard_format, parse_size(config.shard_size), bar
+            )
+        manifest = _manifest(config, sources, formats, tok, tokenizer, ledger, store, segments, shards)
+        (tmp / "packprep.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        (tmp / "README.md").write_text(render_card(manifest))
+        from .verify import verify
+
+        report = verify(tmp, check_hashes=False)
+        if not report.ok:  # a packprep bug, never a data problem: refuse to publish it
+            raise RuntimeError(f"packed output failed verification: {report.failures[:3]}")
+        folder.commit()
+    return manifest
+
+
+class Ledger:
+    """Where each record ended up; rejected records are written to rejects.jsonl as they happen."""
+
+    def __init__(self, config: PackConfig, rejects_path):
+        self.config = config
+        self.rejects_path = rejects_path
+        self.status: list[str] = []
+        self.reasons: Counter = Counter()
+        self.turns_not_located = 0
+        self._handle = None
+
+    def __enter__(self):
+        self._handle = open(self.rejects_path, "w", encoding="utf-8")
+        return self
+
+    def __exit__(self, *exc):
+        self._handle.close()
+        if not self.reasons:
+            os.remove(self.rejects_path)
+
+    def add(self) -> int:
+        """Count a new record (packed until said otherwise); return its source index."""
+        self.status.append(PACKED)
+        return len(self.status) - 1
+
+    def reject(self, record: Record, source_index: int, reason: str, code: str) -> None:
+        if self.config.on_error == "fail":
+            where = f"line {record.line}" if record.line else f"record {record.index}"
+            raise InputError(f"{record.file}, {where}: {reason} (use --on-error skip to set such records aside)")
+        self.status[source_index] = REJECTED
+        self.reasons[code] += 1
+        entry = {
+            "file": record.file,
+            "index": record.index,
+            "line": record.line,
+            "source_index": source_index,
+            "reason": reason,
+            "code": code,
+            "record": _preview(record),
+        }
+        self._handle.write(json.dumps(entry, ensure_ascii=False) + "\n")
+
+
+def _preview(record: Record) -> str:
+    if record.data is None:
+        return ""
+    text = record.data if isinstance(record.data, str) else json.dumps(record.data, ensure_ascii=False, default=str)
+    return text[:200]
+
+
+def _source_format(source: Source, config: PackConfig, fields: FieldNames) -> str:
+    """The format of one input: forced by --format, else detected from its first decodable record."""
+    if config.format:
+        return config.format
+    for record in islice(read_records(source), 100):
+        if record.data is not None:
+            fmt = detect_format(record.data, fields)
+            if fmt:
+                return fmt
+    raise InputError(
+        f"{source.path}: cannot tell the record format from its first records; expected "
+        "'conversations' (ShareGPT), 'messages' (OpenAI), 'instruction'+'output' (Alpaca) or 'text' "
+        "keys. Pass --format, or --messages-field for other column names."
+    )
+
+
+def _check_template(encoder: ChatEncoder, formats: list[str], max_len: int) -> None:
+    if any(fmt != "text" for fmt in formats):
+        if not encoder.has_template:
+            raise ConfigError(
+                "the tokenizer has no chat template, so conversations cannot be rendered; use a "
+                "tokenizer with one (tokenizer_config.json 'chat_template'), or --format text"
+            )
+        probe = Conversation(messages=[{"role": "user", "content": "x"}, {"role": "assistant", "content": "x"}])
+        encoded = encoder.encode([probe])[0]
+        if isinstance(encoded, Encoded) and len(encoded.input_ids) >= max_len:
+            raise ConfigError(
+                f"--max-len {max_len} is not more than the chat template's own overhead "
+                f"({len(encoded.input_ids)} tokens for a one-word exchange); raise --max-len"
+            )
+
+
+def _normalized(sources, formats, fields, ledger) -> Iterator[tuple[int, Record, Conversation | None]]:
+    """Yield (source_index, record, conversation or None if rejected)."""
+    for source, fmt in zip(sources, formats):
+        for record in read_records(source):
+            source_index = ledger.add()
+            if record.error is not None:
+                ledger.reject(record, source_index, record.error, "unreadable")
+                continue
+            try:
+                conversation = normalize(record.data, fmt, fields)
+            except Rejected as exc:
+                ledger.reject(record, source_index, str(exc), exc.code)
+                continue
+            yield source_index, record, conversation
+
+
+def _batches(iterable: Iterable, size: int) -> Iterator[list]:
+    iterator = iter(iterable)
+    while batch := list(islice(iterator, size)):
+        yield batch
+
+
+_WORKER_ENCODER: ChatEncoder | None = None
+
+
+def _worker_init(tokenizer: str, train_on: str) -> None:
+    global _WORKER_ENCODER
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    _WORKER_ENCODER = ChatEncoder(load_tokenizer(tokenizer), train_on)
+
+
+def _worker_encode(conversations: list[Conversation]) -> list:
+    return _WORKER_ENCODER.encode(conversations)
+
+
+def _tokenize_all(sources, formats, fields, encoder, tokenizer, config, ledger, num_proc, progress) -> TokenStore:
+    builder = TokenStoreBuilder()
+    batches = _batches(_normalized(sources, formats, fields, ledger), 256)
+    with _progress(progress, None, "read+tokenize", "conv") as bar:
+        if num_proc == 1:
+            results = ((batch, encoder.encode([c for _, _, c in batch])) for batch in batches)
+            _collect(results, builder, config, ledger, bar)
+        else:
+            context = multiprocessing.get_context("fork")
+            with ProcessPoolExecutor(num_proc, context, _worker_init, (tokenizer, config.train_on)) as pool:
+                results = _ordered_map(pool, batches, num_proc * 4)
+                _collect(results, builder, config, ledger, bar)
+    return builder.build()
+
+
+def _ordered_map(pool, batches, in_flight: int):
+    """Like pool.map, but reads its input lazily so memory stays bounded."""
+    pending = []
+    for batch in batches:
+        pending.append((batch, pool.submit(_worker_encode, [c for _, _, c in batch])))
+        if len(pending) >= in_flight:
+            batch, future = pending.pop(0)
+            yield batch, future.result()
+    for batch, future in pending:
+        yield batch, future.result()
+
+
+def _collect(results, builder: TokenStoreBuilder, config: PackConfig, ledger: Ledger, bar) -> None:
+    for batch, encoded in results:
+        for (source_index, record, _), item in zip(batch, encoded):
+            if isinstance(item, Rejected):
+                ledger.reject(record, source_index, str(item), item.code)
+                continue
+            ledger.turns_not_located += item.turns_not_located
+            ids, labels = item.input_ids, item.labels
+            if len(ids) > config.max_len and config.overlong != "split":
+                if config.overlong == "drop":
+                    reason = f"{len(ids)} tokens, longer than --max-len {config.max_len} (--overlong drop)"
+                    ledger.reject(record, source_index, reason, "overlong")
+                    continue
+                ids, labels = ids[: config.max_len], labels[: config.max_len]
+                if not (labels[1:] != -100).any():
+                    reason = (
+                        f"{len(item.input_ids)} tokens; no supervised token is left after truncation "
+                        f"to --max-len {config.max_len}"
+                    )
+                    ledger.reject(record, source_index, reason, "overlong")
+                    continue
+                ledger.status[source_index] = TRUNCATED
+            builder.append(ids, labels, source_index)
+        if bar is not None:
+            bar.update(len(batch))
+
+
+def _pack(store: TokenStore, config: PackConfig, ledger: Ledger) -> Bins:
+    lengths = store.lengths
+    if config.overlong == "split" and config.strategy != "minibatch":
+        item, start, length = split_pieces(lengths, config.max_len)
+        bins = pieces_to_bins(
+            pack_lengths(length, config.max_len, config.strategy, config.seed, config.samples_per_row),
+            item,
+            start,
+            length,
+        )
+    else:
+        bins = pack_lengths(lengths, config.max_len, config.strategy, config.seed, config.samples_per_row)
+    if bins.lengths is not None:  # pieces exist: mark the records that were cut
+        cut = bins.lengths < lengths[bins.items]
+        for source_index in np.unique(store.source_index[bins.items[cut]]).tolist():
+            ledger.status[source_index] = SPLIT
+    return order_bins(bins, lengths, config.row_order, config.seed)
+
+
+def _segments(bins: Bins, store: TokenStore) -> Segments:
+    lengths = store.lengths
+    starts = bins.starts if bins.starts is not None else np.zeros(len(bins.items), dtype=np.int64)
+    return Segments(bins.items, starts, bins.entry_lengths(lengths), bins.offsets)
+
+
+def _manifest(config, sources, formats, tok, tokenizer, ledger, store, segments, shards) -> dict:
+    status = Counter(ledger.status)
+    row_lengths = segments.row_lengths()
+    tokens = int(row_lengths.sum())
+    rows = int(len(row_lengths))
+    supervised = sum(shard["supervised_tokens"] for shard in shards)
+    bound = lower_bound(segments.length, config.max_len) if tokens else 0
+    return {
+        "packprep_version": __version__,
+        "config": asdict(config),
+        "inputs": [
+            {"path": s.path, "kind": s.kind, "format": f, "records": s.records, "sha256": s.sha256}
+            for s, f in zip(sources, formats)
+        ],
+        "tokenizer": tokenizer_fingerprint(tok, tokenizer),
+        "counts": {
+            "records": len(ledger.status),
+            PACKED: status[PACKED],
+            TRUNCATED: status[TRUNCATED],
+            SPLIT: status[SPLIT],
+            REJECTED: status[REJECTED],
+            "rejected_by_reason": dict(sorted(ledger.reasons.items())),
+            "turns_not_located": ledger.turns_not_located,
+        },
+        "tokens": {"total": tokens, "supervised": supervised},
+        "rows": rows,
+        "sequences": int(len(segments.item)),
+        "max_row_len": int(row_lengths.max()) if rows else 0,
+        "rows_may_exceed_max_len": config.strategy == "minibatch",
+        "efficiency": round(tokens / (rows * config.max_len), 6) if rows else 0.0,
+        "lower_bound_rows": int(bound),
+        "shards": shards,
+    }
+
+
+class _NoBar:
+    def update(self, n):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
+def _progress(enabled: bool, total, desc: str, unit: str):
+    if not enabled:
+        return _NoBar()
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, dynamic_ncols=True)

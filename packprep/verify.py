@@ -1,0 +1,246 @@
+"""Re-read an output folder and check every promise of the output contract, independently of the writer.
+
+Checks (each failure names the shard, the row and the check):
+
+* ``manifest``     packprep.json exists, parses and matches ``schemas/manifest.schema.json``
+* ``shard_file``   every shard the manifest lists exists, with its sha256 and row count
+* ``schema``       shard columns and types match ``schemas/packed_row.schema.json``
+* ``lengths``      input_ids, labels and position_ids have one length, equal to sum(seq_lens);
+                   seq_lens and source_index have one length; every seq_len >= 1
+* ``position_ids`` restart at 0 at every packed sequence and count up by one
+* ``first_label``  the first label of every packed sequence is -100
+* ``labels``       every label is -100 or equal to its input id
+* ``max_len``      no row is longer than max_len (unless the strategy allows it)
+* ``source_index`` every index is a record of the input
+* ``coverage``     every input record is packed or listed in rejects.jsonl, never both
+* ``counts``       the manifest's counts add up to the records read, and match rows, tokens and rejects
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from .materialize import ROW_SCHEMA
+from .normalize import load_schema
+from .read import file_sha256
+
+CHECKS = (
+    "manifest",
+    "shard_file",
+    "schema",
+    "lengths",
+    "position_ids",
+    "first_label",
+    "labels",
+    "max_len",
+    "source_index",
+    "coverage",
+    "counts",
+)
+
+
+@dataclass
+class Failure:
+    check: str
+    message: str
+    shard: str | None = None
+    row: int | None = None
+
+    def __str__(self) -> str:
+        where = ", ".join(part for part in (self.shard, None if self.row is None else f"row {self.row}") if part)
+        return f"[{self.check}] {where + ': ' if where else ''}{self.message}"
+
+
+@dataclass
+class Report:
+    failures: list[Failure] = field(default_factory=list)
+    rows: int = 0
+    sequences: int = 0
+    tokens: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+def verify(folder: str | Path, check_hashes: bool = True) -> Report:
+    """Check ``folder`` against the output contract; never raises on bad data, reports it."""
+    folder = Path(folder)
+    report = Report()
+    manifest = _load_manifest(folder, report)
+    if manifest is None:
+        return report
+    max_len = manifest["config"]["max_len"]
+    may_exceed = manifest.get("rows_may_exceed_max_len", False)
+    records = manifest["counts"]["records"]
+    seen = np.zeros(records, dtype=np.int64)
+    supervised = 0
+    for shard in manifest["shards"]:
+        path = folder / shard["path"]
+        if not path.is_file():
+            report.failures.append(Failure("shard_file", "listed in the manifest but missing", shard["path"]))
+            continue
+        if check_hashes and file_sha256(path) != shard["sha256"]:
+            report.failures.append(Failure("shard_file", "sha256 differs from the manifest", shard["path"]))
+        table = _read_shard(path, report, shard["path"])
+        if table is None:
+            continue
+        if table.num_rows != shard["rows"]:
+            report.failures.append(
+                Failure("shard_file", f"{table.num_rows} rows, manifest says {shard['rows']}", shard["path"])
+            )
+        supervised += _check_rows(table, shard["path"], max_len, may_exceed, seen, report)
+    _check_coverage(folder, manifest, seen, report)
+    _check_counts(manifest, report, supervised)
+    return report
+
+
+def _load_manifest(folder: Path, report: Report) -> dict | None:
+    import jsonschema
+
+    path = folder / "packprep.json"
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        report.failures.append(Failure("manifest", f"cannot read {path}: {exc}"))
+        return None
+    errors = list(jsonschema.Draft202012Validator(load_schema("manifest")).iter_errors(manifest))
+    for error in errors[:5]:
+        where = "/".join(str(p) for p in error.absolute_path) or "manifest"
+        report.failures.append(Failure("manifest", f"at {where}: {error.message[:200]}"))
+    return None if errors else manifest
+
+
+def _read_shard(path: Path, report: Report, name: str) -> pa.Table | None:
+    try:
+        if path.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            table = pq.read_table(path)
+        else:
+            with pa.memory_map(str(path)) as source:
+                table = pa.ipc.open_stream(source).read_all()
+    except Exception as exc:
+        report.failures.append(Failure("shard_file", f"unreadable: {exc}", name))
+        return None
+    if not table.schema.equals(ROW_SCHEMA):
+        report.failures.append(
+            Failure("schema", f"columns {table.schema.to_string(show_schema_metadata=False)!r} "
+                    f"differ from packed_row.schema.json", name)
+        )
+        return None
+    return table.combine_chunks()
+
+
+def _flat(table: pa.Table, column: str) -> tuple[np.ndarray, np.ndarray]:
+    """(values, offsets) of a list column, as numpy."""
+    array = table.column(column).chunk(0) if table.num_rows else pa.array([], ROW_SCHEMA.field(column).type)
+    offsets = array.offsets.to_numpy().astype(np.int64)
+    values = array.values.to_numpy()[offsets[0] : offsets[-1]] if len(array) else np.zeros(0, np.int64)
+    return values, offsets - offsets[0]
+
+
+def _first_row(offsets: np.ndarray, bad_positions: np.ndarray) -> int:
+    """The row holding the first of ``bad_positions`` (flat indices)."""
+    return int(np.searchsorted(offsets, bad_positions[0], side="right") - 1)
+
+
+def _check_rows(table, name, max_len, may_exceed, seen, report) -> int:
+    ids, tok_off = _flat(table, "input_ids")
+    labels, lab_off = _flat(table, "labels")
+    pos, pos_off = _flat(table, "position_ids")
+    seq_lens, seq_off = _flat(table, "seq_lens")
+    sources, src_off = _flat(table, "source_index")
+    fail = lambda check, row, message: report.failures.append(Failure(check, message, name, row))  # noqa: E731
+
+    row_len = np.diff(tok_off)
+    seq_sum = np.add.reduceat(seq_lens, seq_off[:-1]) if len(seq_lens) else np.zeros(len(row_len), np.int64)
+    seq_sum[np.diff(seq_off) == 0] = 0
+    problems = [
+        (np.diff(lab_off) != row_len, "labels and input_ids differ in length"),
+        (np.diff(pos_off) != row_len, "position_ids and input_ids differ in length"),
+        (seq_sum != row_len, "seq_lens do not sum to the row length"),
+        (np.diff(src_off) != np.diff(seq_off), "seq_lens and source_index differ in length"),
+        (np.diff(seq_off) == 0, "row holds no sequence"),
+    ]
+    for mask, message in problems:
+        if mask.any():
+            fail("lengths", int(np.argmax(mask)), message)
+            return 0
+    if (seq_lens < 1).any():
+        fail("lengths", _first_row(seq_off, np.flatnonzero(seq_lens < 1)), "a seq_len is below 1")
+        return 0
+
+    # Expected position ids: 0..len-1 within every packed sequence.
+    seq_start = np.cumsum(seq_lens) - seq_lens
+    expected = np.arange(len(ids), dtype=np.int64) - np.repeat(seq_start, seq_lens)
+    bad = np.flatnonzero(pos != expected)
+    if len(bad):
+        fail("position_ids", _first_row(tok_off, bad), f"position_ids do not restart at 0 at each sequence (token {int(bad[0] - tok_off[_first_row(tok_off, bad)])})")
+    firsts = seq_start[seq_lens > 0]
+    bad = firsts[labels[firsts] != -100]
+    if len(bad):
+        fail("first_label", _first_row(tok_off, bad), "first label of a packed sequence is not -100")
+    bad = np.flatnonzero((labels != -100) & (labels != ids))
+    if len(bad):
+        fail("labels", _first_row(tok_off, bad), "a label is neither -100 nor its input id")
+    if not may_exceed and (row_len > max_len).any():
+        row = int(np.argmax(row_len > max_len))
+        fail("max_len", row, f"row of {int(row_len[row])} tokens exceeds max_len {max_len}")
+    out_of_range = (sources < 0) | (sources >= len(seen))
+    if out_of_range.any():
+        fail("source_index", _first_row(src_off, np.flatnonzero(out_of_range)), "source_index is not an input record")
+    else:
+        np.add.at(seen, sources, 1)
+    report.rows += table.num_rows
+    report.sequences += len(seq_lens)
+    report.tokens += len(ids)
+    return int((labels != -100).sum())
+
+
+def _check_coverage(folder: Path, manifest: dict, seen: np.ndarray, report: Report) -> None:
+    rejected = np.zeros(len(seen), dtype=np.int64)
+    path = folder / "rejects.jsonl"
+    if path.exists():
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            try:
+                index = json.loads(line)["source_index"]
+                rejected[index] += 1
+            except (ValueError, KeyError, IndexError, TypeError):
+                report.failures.append(Failure("coverage", f"rejects.jsonl line {number} is not a valid reject entry"))
+                return
+    missing = np.flatnonzero((seen == 0) & (rejected == 0))
+    if len(missing):
+        report.failures.append(
+            Failure("coverage", f"{len(missing)} input records are neither packed nor rejected (first: {int(missing[0])})")
+        )
+    both = np.flatnonzero((seen > 0) & (rejected > 0))
+    if len(both):
+        report.failures.append(Failure("coverage", f"record {int(both[0])} is both packed and rejected"))
+    twice = np.flatnonzero(rejected > 1)
+    if len(twice):
+        report.failures.append(Failure("coverage", f"record {int(twice[0])} is rejected more than once"))
+    if int((rejected > 0).sum()) != manifest["counts"]["rejected"]:
+        report.failures.append(
+            Failure("counts", f"rejects.jsonl lists {int((rejected > 0).sum())} records, manifest says {manifest['counts']['rejected']}")
+        )
+
+
+def _check_counts(manifest: dict, report: Report, supervised: int) -> None:
+    counts = manifest["counts"]
+    fates = counts["packed"] + counts["truncated"] + counts["split"] + counts["rejected"]
+    if fates != counts["records"]:
+        report.failures.append(Failure("counts", f"packed+truncated+split+rejected = {fates}, records = {counts['records']}"))
+    if sum(counts["rejected_by_reason"].values()) != counts["rejected"]:
+        report.failures.append(Failure("counts", "rejected_by_reason does not add up to rejected"))
+    if report.rows != manifest["rows"]:
+        report.failures.append(Failure("counts", f"shards hold {report.rows} rows, manifest says {manifest['rows']}"))
+    if supervised != manifest["tokens"]["supervised"]:
+        report.failures.append(Failure("counts", f"shards hold {supervised} supervised tokens, manifest says {manifest['tokens']['supervised']}"))
+    if report.tokens != manifest["tokens"]["total"]:
+        report.failures.append(Failure("counts", f"shards hold {report.tokens} tokens, manifest says {manifest['tokens']['total']}"))

@@ -1,0 +1,219 @@
+"""Step 6: write shards into a temporary folder and move it into place only when it is complete.
+
+A run that fails or is killed never leaves a partial folder at the output path: work happens in a
+hidden sibling ``.NAME.packprep-tmp-PID`` that is renamed at the end (a rename within one folder is
+atomic), and stale siblings of dead runs are removed by the next run.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import re
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from .errors import ConfigError, OutputError
+from .materialize import ROW_SCHEMA, Segments, TokenStore, materialize
+from .read import file_sha256
+
+SHARD_FORMATS = ("parquet", "arrow")
+BYTES_PER_TOKEN = 12  # input_ids + labels + position_ids, int32 each
+BYTES_PER_SEQUENCE = 12  # seq_lens int32 + source_index int64
+ROW_GROUP_TOKENS = 1 << 22  # ~48 MB uncompressed: small enough for streaming readers
+
+
+def parse_size(text: str | int) -> int:
+    """'500MB', '2GB', '64KiB' or a plain number of bytes."""
+    if isinstance(text, int):
+        return text
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)\s*", str(text).lower())
+    if not match:
+        raise ConfigError(f"--shard-size {text!r}: use a size such as 500MB or 2GB")
+    number, unit = float(match.group(1)), match.group(2).rstrip("b")
+    scale = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+    return max(1, int(number * scale[unit]))
+
+
+class OutputFolder:
+    """The output path, guarded: refused if it exists without ``overwrite``, written atomically."""
+
+    def __init__(self, path: str | os.PathLike, overwrite: bool = False):
+        self.final = Path(path).absolute()
+        self.overwrite = overwrite
+        self.tmp = self.final.parent / f".{self.final.name}.packprep-tmp-{os.getpid()}"
+
+    def check(self) -> None:
+        """Fail before any work if the output cannot be written."""
+        if self.final.exists() and not self.overwrite:
+            raise ConfigError(f"{self.final} already exists; pass --overwrite to replace it, or choose another --output")
+        if self.final.exists() and not self.final.is_dir():
+            raise ConfigError(f"{self.final} exists and is not a folder")
+        parent = self.final.parent
+        if not parent.is_dir():
+            raise ConfigError(f"{parent} does not exist; create it first")
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise ConfigError(f"{parent} is not writable; choose another --output")
+
+    @contextmanager
+    def staging(self) -> Iterator[Path]:
+        """Yield the temporary folder; remove it if the block fails."""
+        self.check()
+        self._remove_stale_siblings()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        try:
+            self.tmp.mkdir()
+            (self.tmp / "data").mkdir()
+            yield self.tmp
+        except OSError as exc:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            raise _output_error(exc, self.final) from exc
+        except BaseException:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            raise
+
+    def commit(self) -> None:
+        """Move the finished temporary folder into place (replacing the old one under overwrite)."""
+        old = None
+        if self.final.exists():
+            if not self.overwrite:
+                raise ConfigError(f"{self.final} appeared while packing; pass --overwrite to replace it")
+            old = self.final.parent / f".{self.final.name}.packprep-old-{os.getpid()}"
+            os.rename(self.final, old)
+        os.rename(self.tmp, self.final)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def _remove_stale_siblings(self) -> None:
+        pattern = re.compile(rf"^\.{re.escape(self.final.name)}\.packprep-(?:tmp|old)-(\d+)$")
+        for sibling in self.final.parent.iterdir():
+            match = pattern.match(sibling.name)
+            if match and not _pid_alive(int(match.group(1))):
+                shutil.rmtree(sibling, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _output_error(exc: OSError, where: Path) -> OutputError:
+    if exc.errno == errno.ENOSPC:
+        return OutputError(f"disk full while writing {where}; free space or choose another --output")
+    return OutputError(f"cannot write {where}: {exc.strerror or exc}")
+
+
+def plan_shards(row_lengths: np.ndarray, row_sequences: np.ndarray, shard_bytes: int) -> list[tuple[int, int]]:
+    """Cut rows into shards of at most ``shard_bytes`` (uncompressed estimate); deterministic."""
+    row_bytes = row_lengths * BYTES_PER_TOKEN + row_sequences * BYTES_PER_SEQUENCE
+    shards, start, acc = [], 0, 0
+    for row, size in enumerate(row_bytes.tolist()):
+        if acc and acc + size > shard_bytes:
+            shards.append((start, row))
+            start, acc = row, 0
+        acc += size
+    shards.append((start, len(row_bytes)))
+    return shards
+
+
+def shard_name(index: int, count: int, shard_format: str) -> str:
+    return f"data/train-{index:05d}-of-{count:05d}.{shard_format}"
+
+
+def write_shards(
+    folder: Path,
+    store: TokenStore,
+    segments: Segments,
+    max_len: int,
+    shard_format: str = "parquet",
+    shard_bytes: int = 500_000_000,
+    progress=None,
+) -> list[dict]:
+    """Write all rows of ``segments`` as shards under ``folder/data``; return their manifest entries."""
+    row_lengths = segments.row_lengths()
+    row_sequences = np.diff(segments.offsets)
+    plan = plan_shards(row_lengths, row_sequences, shard_bytes)
+    rows_per_group = max(1, ROW_GROUP_TOKENS // max(1, max_len))
+    entries = []
+    for index, (first, last) in enumerate(plan):
+        name = shard_name(index, len(plan), shard_format)
+        path = folder / name
+        supervised = 0
+        with _shard_writer(path, shard_format) as write:
+            for lo in range(first, last, rows_per_group):
+                hi = min(last, lo + rows_per_group)
+                table = materialize(store, segments.select(lo, hi))
+                supervised += pc.sum(pc.not_equal(pc.list_flatten(table.column("labels")), -100)).as_py() or 0
+                write(table)
+                if progress is not None:
+                    progress.update(hi - lo)
+        entries.append(
+            {
+                "path": name,
+                "rows": last - first,
+                "tokens": int(row_lengths[first:last].sum()),
+                "supervised_tokens": supervised,
+                "bytes": path.stat().st_size,
+                "sha256": file_sha256(path),
+            }
+        )
+    if shard_format == "arrow":
+        _write_arrow_dataset_state(folder / "data", entries)
+    return entries
+
+
+@contextmanager
+def _shard_writer(path: Path, shard_format: str):
+    if shard_format == "parquet":
+        writer = pq.ParquetWriter(path, ROW_SCHEMA, compression="zstd", write_statistics=False)
+        try:
+            yield lambda table: writer.write_table(table, row_group_size=table.num_rows)
+        finally:
+            writer.close()
+    else:
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, ROW_SCHEMA) as writer:
+            yield writer.write_table
+
+
+def _write_arrow_dataset_state(data_dir: Path, entries: list[dict]) -> None:
+    """Make ``data/`` loadable with ``datasets.load_from_disk`` (memory-mapped, no copy)."""
+    import json
+
+    from datasets import Features, Sequence, Value
+
+    features = Features(
+        {
+            "input_ids": Sequence(Value("int32")),
+            "labels": Sequence(Value("int32")),
+            "position_ids": Sequence(Value("int32")),
+            "seq_lens": Sequence(Value("int32")),
+            "source_index": Sequence(Value("int64")),
+        }
+    )
+    state = {
+        "_data_files": [{"filename": Path(e["path"]).name} for e in entries],
+        "_fingerprint": hashlib.sha256("".join(e["sha256"] for e in entries).encode()).hexdigest()[:16],
+        "_format_columns": None,
+        "_format_kwargs": {},
+        "_format_type": None,
+        "_output_all_columns": False,
+        "_split": "train",
+    }
+    (data_dir / "state.json").write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
+    info = {"features": features.to_dict(), "splits": {"train": {"name": "train", "num_examples": sum(e["rows"] for e in entries)}}}
+    (data_dir / "dataset_info.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")

@@ -1,0 +1,22 @@
+"""Shared test fixtures: the bundled example, and the real tokenizers and data beside the repo."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE_CHATS = REPO / "examples" / "chats.jsonl"
+EXAMPLE_TOKENIZER = REPO / "examples" / "tokenizer"
+FIXTURES = REPO.parent / "shared" / "fixtures"
+CONVERSATIONS = FIXTURES / "conversations"
+TOKENIZERS = FIXTURES / "tokenizers"
+
+needs_fixtures = pytest.mark.skipif(not FIXTURES.is_dir(), reason="../shared/fixtures is not beside the repo")
+
+
+def fixture_tokenizer(name: str) -> str:
+    return str(TOKENIZERS / name)

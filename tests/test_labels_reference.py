@@ -1,0 +1,151 @@
+"""Labels equal the per-prefix reference on every real tokenizer and every fixture file.
+
+The reference of truth: for assistant turn k, the labels are the tokens of
+``render(messages[:k+1])`` beyond ``render(messages[:k], add_generation_prompt=True)``, read
+positionally (``B[len(A):]``). Where a token straddles the prompt/reply boundary (Mistral v0.1
+renders ``[/INST]`` straight against the reply, and ``]`` merges with the reply's first
+character), that token sits at position ``len(A) - 1`` and so belongs to the prompt: not trained.
+packprep computes the same labels from one rendering and one tokenizer call per conversation.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from packprep.normalize import Conversation, Rejected, detect_format, normalize
+from packprep.read import read_records, resolve_inputs
+from packprep.tokenize import ChatEncoder, Encoded, load_tokenizer
+
+from .conftest import CONVERSATIONS, fixture_tokenizer, needs_fixtures
+
+TOKENIZERS = ["llama3", "qwen2.5", "mistral-7b-v0.1", "llama2", "gpt2"]
+FILES = [
+    "fastchat_dummy_conversation.json",
+    "llamafactory_dpo_en_demo.json",
+    "llamafactory_glaive_toolcall_en_demo.json",
+    "llamafactory_kto_en_demo.json",
+    "medicalgpt_sharegpt_zh_1K_format.jsonl",
+]
+
+
+def conversations(name: str) -> list[Conversation]:
+    source = resolve_inputs([str(CONVERSATIONS / name)])[0]
+    out = []
+    for record in read_records(source):
+        try:
+            out.append(normalize(record.data, detect_format(record.data)))
+        except Rejected:
+            pass
+    return out
+
+
+def reference_texts(tok, conversation: Conversation) -> list[str] | None:
+    """[full, A_1, B_1, A_2, B_2, ...] rendered with the public API, or None if the template refuses."""
+    messages = conversation.messages
+    turns = [k for k, m in enumerate(messages) if m["role"] == "assistant"]
+    if not turns:
+        return None
+    messages = messages[: turns[-1] + 1]
+
+    def render(prefix, generation=False):
+        return tok.apply_chat_template(prefix, tools=conversation.tools, tokenize=False,
+                                       add_generation_prompt=generation)
+
+    try:
+        texts = [render(messages)]
+        for k in turns:
+            texts += [render(messages[:k], True), render(messages[: k + 1])]
+    except Exception:
+        return None
+    return texts
+
+
+# The reference costs O(turns^2) tokens per conversation; the 26 conversations of more than 40
+# messages hold 60% of it, so they are checked with one tokenizer (llama3), every other one with all.
+LONG = 40
+
+
+@needs_fixtures
+@pytest.mark.parametrize("tokenizer_name", TOKENIZERS)
+def test_labels_equal_the_per_prefix_reference(tokenizer_name):
+    tok = load_tokenizer(fixture_tokenizer(tokenizer_name))
+    encoder = ChatEncoder(tok)
+    total = 0
+    for name in FILES:
+        convs = conversations(name)
+        if tokenizer_name != "llama3":
+            convs = [c for c in convs if len(c.messages) <= LONG]
+        ours = encoder.encode(convs)
+        for conversation, encoded in zip(convs, ours):
+            texts = reference_texts(tok, conversation)
+            if texts is None:
+                assert isinstance(encoded, Rejected), f"{name}: reference refuses, packprep packed it"
+                continue
+            assert isinstance(encoded, Encoded), f"{name}: packprep rejected {encoded}"
+            ids = [e.ids for e in tok.backend_tokenizer.encode_batch(texts, add_special_tokens=False)]
+            full = ids[0]
+            labels = [-100] * len(full)
+            for before, after in zip(ids[1::2], ids[2::2]):
+                assert full[: len(after)] == after, "each turn's rendering is a token prefix of the whole"
+                labels[len(before) : len(after)] = after[len(before) :]
+            assert encoded.input_ids.tolist() == full
+            assert encoded.labels.tolist() == labels, f"{name}: labels differ from the reference"
+            total += 1
+    assert total > 1000
+
+
+@needs_fixtures
+@pytest.mark.parametrize("tokenizer_name", ["llama3", "qwen2.5", "mistral-7b-v0.1"])
+def test_ids_equal_apply_chat_template(tokenizer_name):
+    tok = load_tokenizer(fixture_tokenizer(tokenizer_name))
+    encoder = ChatEncoder(tok)
+    convs = conversations("llamafactory_glaive_toolcall_en_demo.json")[:100]
+    for conversation, encoded in zip(convs, encoder.encode(convs)):
+        if isinstance(encoded, Rejected):
+            continue
+        expected = tok.apply_chat_template(conversation.messages, tools=conversation.tools, tokenize=True,
+                                           return_dict=False)
+        assert encoded.input_ids.tolist() == expected
+
+
+@needs_fixtures
+def test_template_rejections_name_the_cause():
+    encoder = ChatEncoder(load_tokenizer(fixture_tokenizer("mistral-7b-v0.1")))
+    system = Conversation(messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                                    {"role": "assistant", "content": "Hello"}])
+    twice = Conversation(messages=[{"role": "user", "content": "Hi"}, {"role": "user", "content": "Hi?"},
+                                   {"role": "assistant", "content": "Hello"}])
+    for conversation in (system, twice):
+        result = encoder.encode([conversation])[0]
+        assert isinstance(result, Rejected)
+        assert result.code == "template_error"
+        assert "chat template rejected the conversation" in str(result)
+
+
+STRIPPING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m['role'] == 'assistant' and not loop.last %}{{ m['content'].split('</think>')[-1] }}"
+    "{% else %}{{ m['content'] }}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_a_template_that_rewrites_earlier_turns_trains_only_located_turns():
+    """The documented rule: a turn whose rendering is rewritten later is left untrained and counted."""
+    from .conftest import EXAMPLE_TOKENIZER
+
+    tok = load_tokenizer(str(EXAMPLE_TOKENIZER))
+    tok.chat_template = STRIPPING_TEMPLATE
+    encoder = ChatEncoder(tok)
+    conversation = Conversation(messages=[
+        {"role": "user", "content": "one"},
+        {"role": "assistant", "content": "<think>hmm</think>first"},
+        {"role": "user", "content": "two"},
+        {"role": "assistant", "content": "<think>ok</think>second"},
+    ])
+    encoded = encoder.encode([conversation])[0]
+    assert encoded.turns_not_located == 1
+    trained = tok.decode([t for t, label in zip(encoded.input_ids, encoded.labels) if label != -100])
+    assert trained == "<think>ok</think>second<|im_end|>\n"
+    only_rewritten = Conversation(messages=conversation.messages[:2] + [{"role": "user", "content": "x"}])
+    assert encoder.encode([only_rewritten])[0].turns_not_located == 0  # trailing user turn dropped: last is located

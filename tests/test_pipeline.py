@@ -1,0 +1,237 @@
+"""The output contract of ``packprep.pack``, checked by reading the shards independently of verify."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+import packprep
+from packprep.errors import ConfigError, InputError
+from packprep.normalize import detect_format, normalize
+from packprep.read import resolve_inputs, read_records
+from packprep.tokenize import ChatEncoder, load_tokenizer
+
+from .conftest import EXAMPLE_CHATS, EXAMPLE_TOKENIZER
+
+TOKENIZER = str(EXAMPLE_TOKENIZER)
+
+
+def read_rows(folder: Path) -> list[dict]:
+    rows = []
+    for shard in sorted((folder / "data").glob("train-*.parquet")):
+        rows += pq.read_table(shard).to_pylist()
+    return rows
+
+
+def rejected_indices(folder: Path) -> set[int]:
+    path = folder / "rejects.jsonl"
+    if not path.exists():
+        return set()
+    return {json.loads(line)["source_index"] for line in path.read_text().splitlines()}
+
+
+def assert_contract(folder: Path, max_len: int | None, records: int) -> list[dict]:
+    rows = read_rows(folder)
+    packed = set()
+    for row in rows:
+        ids, labels, positions = row["input_ids"], row["labels"], row["position_ids"]
+        assert len(ids) == len(labels) == len(positions) == sum(row["seq_lens"])
+        assert len(row["seq_lens"]) == len(row["source_index"])
+        if max_len is not None:
+            assert len(ids) <= max_len
+        start = 0
+        for length in row["seq_lens"]:
+            assert positions[start : start + length] == list(range(length)), "position ids restart per sequence"
+            assert labels[start] == -100, "first label of every packed sequence is -100"
+            start += length
+        assert all(label in (-100, token) for label, token in zip(labels, ids))
+        packed.update(row["source_index"])
+    rejected = rejected_indices(folder)
+    assert not packed & rejected
+    assert packed | rejected == set(range(records)), "every record is packed or rejected"
+    return rows
+
+
+@pytest.fixture(scope="module")
+def encoder():
+    return ChatEncoder(load_tokenizer(TOKENIZER))
+
+
+def example_conversations():
+    source = resolve_inputs([str(EXAMPLE_CHATS)])[0]
+    return [record.data for record in read_records(source)]
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "bfd", "random", "pad", "minibatch"])
+def test_every_strategy_keeps_the_contract(tmp_path, strategy):
+    extra = {"samples_per_row": 3} if strategy == "minibatch" else {}
+    manifest = packprep.pack(
+        str(EXAMPLE_CHATS), tmp_path / "out", TOKENIZER, max_len=512, strategy=strategy, num_proc=1, **extra
+    )
+    records = len(example_conversations())
+    rows = assert_contract(tmp_path / "out", None if strategy == "minibatch" else 512, records)
+    assert manifest["rows"] == len(rows)
+    counts = manifest["counts"]
+    assert counts["records"] == records
+    assert counts["packed"] + counts["truncated"] + counts["split"] + counts["rejected"] == records
+    assert counts["rejected"] == 4  # the four bad records make_example.py plants
+    assert manifest["lower_bound_rows"] <= manifest["rows"]
+    if strategy == "pad":
+        assert all(len(row["seq_lens"]) == 1 for row in rows)
+    if strategy == "minibatch":
+        sizes = sorted(len(row["seq_lens"]) for row in rows)
+        assert sizes[1:] == [3] * (len(rows) - 1) and sizes[0] in (1, 2, 3)  # 400 % 3: one short row
+        assert manifest["rows_may_exceed_max_len"]
+
+
+def test_packed_sequences_are_the_tokenized_records(tmp_path, encoder):
+    """Each packed sequence is exactly its record's tokens and labels (bar the masked first label)."""
+    packprep.pack(str(EXAMPLE_CHATS), tmp_path / "out", TOKENIZER, max_len=2048, num_proc=1)
+    records = example_conversations()
+    checked = 0
+    for row in read_rows(tmp_path / "out"):
+        start = 0
+        for length, source in zip(row["seq_lens"], row["source_index"]):
+            expected = encoder.encode([normalize(records[source], detect_format(records[source]))])[0]
+            assert row["input_ids"][start : start + length] == expected.input_ids.tolist()
+            assert row["labels"][start + 1 : start + length] == expected.labels[1:].tolist()
+            start += length
+            checked += 1
+    assert checked == 400
+
+
+def test_labels_are_assistant_replies_with_end_of_turn(encoder):
+    tok = encoder.tokenizer
+    record = {"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello there"}]}
+    encoded = encoder.encode([normalize(record, "sharegpt")])[0]
+    trained = tok.decode([t for t, label in zip(encoded.input_ids, encoded.labels) if label != -100])
+    assert trained == "Hello there<|im_end|>\n"
+    assert encoded.input_ids.tolist() == tok.apply_chat_template(
+        [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there"}], tokenize=True,
+        return_dict=False,
+    )
+
+
+def test_same_seed_same_bytes_other_seed_other_rows(tmp_path):
+    hashes = []
+    for name, seed in (("a", 3), ("b", 3), ("c", 4)):
+        manifest = packprep.pack(str(EXAMPLE_CHATS), tmp_path / name, TOKENIZER, max_len=512, seed=seed,
+                                 strategy="random", num_proc=1)
+        hashes.append([shard["sha256"] for shard in manifest["shards"]])
+    assert hashes[0] == hashes[1]
+    assert hashes[0] != hashes[2]
+
+
+def test_num_proc_does_not_change_the_output(tmp_path):
+    one = packprep.pack(str(EXAMPLE_CHATS), tmp_path / "one", TOKENIZER, max_len=512, num_proc=1)
+    two = packprep.pack(str(EXAMPLE_CHATS), tmp_path / "two", TOKENIZER, max_len=512, num_proc=2)
+    assert [s["sha256"] for s in one["shards"]] == [s["sha256"] for s in two["shards"]]
+    assert (tmp_path / "one" / "packprep.json").read_text() != ""
+    assert (tmp_path / "one" / "rejects.jsonl").read_bytes() == (tmp_path / "two" / "rejects.jsonl").read_bytes()
+
+
+@pytest.mark.parametrize("overlong", ["truncate", "drop", "split"])
+def test_overlong_policies_account_for_every_record(tmp_path, overlong):
+    manifest = packprep.pack(str(EXAMPLE_CHATS), tmp_path / "out", TOKENIZER, max_len=96, overlong=overlong,
+                             num_proc=1)
+    counts = manifest["counts"]
+    rows = assert_contract(tmp_path / "out", 96, counts["records"])
+    if overlong == "truncate":
+        assert counts["truncated"] > 0 and counts["split"] == 0
+    if overlong == "drop":
+        assert counts["rejected_by_reason"].get("overlong", 0) > 0 and counts["truncated"] == 0
+    if overlong == "split":
+        assert counts["split"] > 0 and counts["truncated"] == 0
+        # a split record appears once per piece, pieces together hold all of its tokens
+        pieces = {}
+        for row in rows:
+            for length, source in zip(row["seq_lens"], row["source_index"]):
+                pieces.setdefault(source, []).append(length)
+        assert any(len(p) > 1 for p in pieces.values())
+
+
+def test_output_is_loadable_by_datasets(tmp_path):
+    import datasets
+
+    packprep.pack(str(EXAMPLE_CHATS), tmp_path / "out", TOKENIZER, max_len=512, shard_size="40KB", num_proc=1)
+    shards = sorted(p.name for p in (tmp_path / "out" / "data").iterdir())
+    assert len(shards) > 1
+    assert shards[0] == f"train-00000-of-{len(shards):05d}.parquet"
+    loaded = datasets.load_dataset(str(tmp_path / "out"), split="train")
+    assert loaded.num_rows == len(read_rows(tmp_path / "out"))
+    assert loaded.features["input_ids"].feature.dtype == "int32"
+
+
+def test_arrow_shards_memory_map_with_load_from_disk(tmp_path):
+    import datasets
+
+    manifest = packprep.pack(str(EXAMPLE_CHATS), tmp_path / "out", TOKENIZER, max_len=512, shard_format="arrow",
+                             num_proc=1)
+    loaded = datasets.load_from_disk(str(tmp_path / "out" / "data"))
+    assert loaded.num_rows == manifest["rows"]
+    assert packprep.verify(tmp_path / "out").ok
+
+
+def test_existing_output_is_refused_without_overwrite(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="--overwrite"):
+        packprep.pack(str(EXAMPLE_CHATS), out, TOKENIZER, max_len=512)
+    assert (out / "keep.txt").read_text() == "mine"
+    packprep.pack(str(EXAMPLE_CHATS), out, TOKENIZER, max_len=512, overwrite=True, num_proc=1)
+    assert not (out / "keep.txt").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["out"], "no temporary folder is left behind"
+
+
+def test_a_failed_run_leaves_nothing(tmp_path):
+    with pytest.raises(InputError, match=r"chats.jsonl, line 201: empty conversation"):
+        packprep.pack(str(EXAMPLE_CHATS), tmp_path / "out", TOKENIZER, max_len=512, on_error="fail", num_proc=1)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_max_len_below_template_overhead_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="overhead"):
+        packprep.pack(str(EXAMPLE_CHATS), tmp_path / "out", TOKENIZER, max_len=4)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_manifest_records_inputs_tokenizer_and_efficiency(tmp_path):
+    manifest = packprep.pack(str(EXAMPLE_CHATS), tmp_path / "out", TOKENIZER, max_len=1024, num_proc=1)
+    assert manifest["inputs"][0]["records"] == 404
+    assert len(manifest["inputs"][0]["sha256"]) == 64
+    assert manifest["tokenizer"]["vocab_size"] == len(load_tokenizer(TOKENIZER))
+    assert manifest["tokenizer"]["chat_template_sha256"]
+    assert manifest["efficiency"] == pytest.approx(manifest["tokens"]["total"] / (manifest["rows"] * 1024), abs=1e-6)
+    assert manifest["config"]["strategy"] == "greedy"
+    on_disk = json.loads((tmp_path / "out" / "packprep.json").read_text())
+    assert on_disk == manifest
+    assert (tmp_path / "out" / "README.md").read_text().startswith("---\nconfigs:")
+
+
+def test_formats_openai_alpaca_text_and_parquet_input(tmp_path):
+    import pyarrow as pa
+
+    openai = tmp_path / "openai.json"
+    openai.write_text(json.dumps([{"messages": [{"role": "user", "content": "Hi"},
+                                                {"role": "assistant", "content": [{"type": "text", "text": "Yo"}]}]}]))
+    alpaca = tmp_path / "alpaca.jsonl"
+    alpaca.write_text(json.dumps({"instruction": "Add", "input": "2 and 2", "output": "4"}) + "\n")
+    text = tmp_path / "text.parquet"
+    pq.write_table(pa.table({"text": ["plain text is trained on every token"]}), text)
+    manifest = packprep.pack([str(openai), str(alpaca), str(text)], tmp_path / "out", TOKENIZER, max_len=256,
+                             num_proc=1)
+    assert [i["format"] for i in manifest["inputs"]] == ["openai", "alpaca", "text"]
+    assert manifest["counts"]["packed"] == 3
+    rows = assert_contract(tmp_path / "out", 256, 3)
+    by_source = {}
+    for row in rows:
+        start = 0
+        for length, source in zip(row["seq_lens"], row["source_index"]):
+            by_source[source] = row["labels"][start : start + length]
+            start += length
+    assert all(label != -100 for label in by_source[2][1:]), "text records train on every token"
