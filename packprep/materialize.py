@@ -10,7 +10,10 @@ This is where the two isolation guarantees are made, in one vectorised place:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import os
+from array import array
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -30,12 +33,20 @@ ROW_SCHEMA = pa.schema(
 
 @dataclass
 class TokenStore:
-    """All accepted sequences as flat arrays (CSR): compact, and sliceable without copies."""
+    """All accepted sequences, as flat token arrays plus CSR offsets.
 
-    input_ids: np.ndarray  # int32, all sequences concatenated
-    labels: np.ndarray  # int32
+    The token arrays live either in memory or in two flat int32 files of an on-disk cache, so
+    that a data set larger than memory can be packed: only lengths and source indices (12 bytes a
+    sequence) stay in memory, and rows are gathered from the cache with ``pread``, which keeps
+    the resident memory bounded by one row group (a memory map would not: every page it touches
+    counts as resident).
+    """
+
     offsets: np.ndarray  # int64, n + 1
     source_index: np.ndarray  # int64, input record of each sequence
+    input_ids: np.ndarray | None = None  # int32, in memory
+    labels: np.ndarray | None = None  # int32, in memory
+    cache_dir: Path | None = None  # or: input_ids.bin / labels.bin there
 
     @property
     def lengths(self) -> np.ndarray:
@@ -44,32 +55,63 @@ class TokenStore:
     def __len__(self) -> int:
         return len(self.source_index)
 
+    def gather(self, first_token: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Tokens and labels of the pieces ``[first_token, first_token + length)``, concatenated."""
+        if self.cache_dir is None:
+            index = np.repeat(first_token - (np.cumsum(lengths) - lengths), lengths) + np.arange(int(lengths.sum()))
+            return self.input_ids[index], self.labels[index]
+        return self._pread("input_ids.bin", first_token, lengths), self._pread("labels.bin", first_token, lengths)
 
-@dataclass
+    def _pread(self, name: str, first_token: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        out = np.empty(int(lengths.sum()), dtype=np.int32)
+        view = memoryview(out).cast("B")
+        fd = os.open(self.cache_dir / name, os.O_RDONLY)
+        try:
+            at = 0
+            for start, length in zip((first_token * 4).tolist(), (lengths * 4).tolist()):
+                got = os.preadv(fd, [view[at : at + length]], start)
+                if got != length:
+                    raise OSError(f"short read from the token cache {self.cache_dir / name}")
+                at += length
+        finally:
+            os.close(fd)
+        return out
+
+
 class TokenStoreBuilder:
-    """Collects encoded sequences chunk by chunk, then freezes them into a TokenStore."""
+    """Collects encoded sequences; spills their tokens to ``cache_dir`` when one is given."""
 
-    _ids: list = field(default_factory=list)
-    _labels: list = field(default_factory=list)
-    _lengths: list = field(default_factory=list)
-    _sources: list = field(default_factory=list)
+    def __init__(self, cache_dir: Path | None = None):
+        self.cache_dir = cache_dir
+        self._lengths = array("q")  # 8 bytes a sequence, not a Python int object each
+        self._sources = array("q")
+        self._ids: list[np.ndarray] = []
+        self._labels: list[np.ndarray] = []
+        self._files = None
+        if cache_dir is not None:
+            cache_dir.mkdir(parents=True, exist_ok=True)
+            self._files = (open(cache_dir / "input_ids.bin", "wb"), open(cache_dir / "labels.bin", "wb"))
 
     def append(self, input_ids: np.ndarray, labels: np.ndarray, source_index: int) -> None:
-        self._ids.append(input_ids)
-        self._labels.append(labels)
+        if self._files is not None:
+            self._files[0].write(np.ascontiguousarray(input_ids, dtype=np.int32).tobytes())
+            self._files[1].write(np.ascontiguousarray(labels, dtype=np.int32).tobytes())
+        else:
+            self._ids.append(input_ids)
+            self._labels.append(labels)
         self._lengths.append(len(input_ids))
         self._sources.append(source_index)
 
     def build(self) -> TokenStore:
         offsets = np.zeros(len(self._lengths) + 1, dtype=np.int64)
-        np.cumsum(np.asarray(self._lengths, dtype=np.int64), out=offsets[1:])
-        concat = lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int32)  # noqa: E731
-        return TokenStore(
-            concat(self._ids).astype(np.int32, copy=False),
-            concat(self._labels).astype(np.int32, copy=False),
-            offsets,
-            np.asarray(self._sources, dtype=np.int64),
-        )
+        np.cumsum(np.frombuffer(self._lengths, dtype=np.int64), out=offsets[1:])
+        sources = np.frombuffer(self._sources, dtype=np.int64).copy()
+        if self._files is not None:
+            for handle in self._files:
+                handle.close()
+            return TokenStore(offsets, sources, cache_dir=self.cache_dir)
+        concat = lambda parts: np.concatenate(parts).astype(np.int32, copy=False) if parts else np.zeros(0, np.int32)  # noqa: E731
+        return TokenStore(offsets, sources, concat(self._ids), concat(self._labels))
 
 
 @dataclass
@@ -98,10 +140,8 @@ def materialize(store: TokenStore, segments: Segments) -> pa.Table:
     total = int(lengths.sum())
     piece_first = np.cumsum(lengths) - lengths  # offset of each piece inside the flat output
     position = np.arange(total, dtype=np.int64) - np.repeat(piece_first, lengths)
-    gather = np.repeat(store.offsets[segments.item] + segments.start, lengths) + position
 
-    input_ids = store.input_ids[gather]
-    labels = store.labels[gather]
+    input_ids, labels = store.gather(store.offsets[segments.item] + segments.start, lengths)
     labels[piece_first[lengths > 0]] = IGNORE_INDEX  # first label of every packed sequence
 
     token_offsets = np.concatenate([[0], np.cumsum(lengths)])[segments.offsets].astype(np.int32)

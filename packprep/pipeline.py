@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
@@ -23,7 +24,7 @@ from .errors import ConfigError, InputError
 from .materialize import Segments, TokenStore, TokenStoreBuilder
 from .normalize import FORMATS, Conversation, FieldNames, Rejected, detect_format, normalize
 from .packing import ROW_ORDERS, STRATEGIES, Bins, lower_bound, order_bins, pack_lengths, pieces_to_bins, split_pieces
-from .read import Record, Source, read_records, resolve_inputs
+from .read import Record, Source, file_sha256, read_records, resolve_inputs
 from .tokenize import TRAIN_ON, ChatEncoder, Encoded, load_tokenizer, tokenizer_fingerprint
 from .write import SHARD_FORMATS, OutputFolder, parse_size, write_shards
 
@@ -102,13 +103,16 @@ def pack(
     with folder.staging() as tmp:
         ledger = Ledger(config, tmp / "rejects.jsonl")
         with ledger:
-            store = _tokenize_all(sources, formats, fields, encoder, tokenizer, config, ledger, num_proc, progress)
+            store = _tokenize_all(
+                sources, formats, fields, encoder, tokenizer, config, ledger, num_proc, progress, tmp / "token-cache"
+            )
         bins = _pack(store, config, ledger)
         segments = _segments(bins, store)
         with _progress(progress, segments.offsets.size - 1, "write", "rows") as bar:
             shards = write_shards(
                 tmp, store, segments, config.max_len, config.shard_format, parse_size(config.shard_size), bar
             )
+        shutil.rmtree(store.cache_dir)
         manifest = _manifest(config, sources, formats, tok, tokenizer, ledger, store, segments, shards)
         (tmp / "packprep.json").write_text(json.dumps(manifest, indent=2) + "\n")
         (tmp / "README.md").write_text(render_card(manifest))
@@ -238,8 +242,11 @@ def _worker_encode(conversations: list[Conversation]) -> list:
     return _WORKER_ENCODER.encode(conversations)
 
 
-def _tokenize_all(sources, formats, fields, encoder, tokenizer, config, ledger, num_proc, progress) -> TokenStore:
-    builder = TokenStoreBuilder()
+def _tokenize_all(
+    sources, formats, fields, encoder, tokenizer, config, ledger, num_proc, progress, cache_dir
+) -> TokenStore:
+    """Tokenize every record, spilling tokens to ``cache_dir`` so memory does not grow with the data."""
+    builder = TokenStoreBuilder(cache_dir)
     batches = _batches(_normalized(sources, formats, fields, ledger), 256)
     with _progress(progress, None, "read+tokenize", "conv") as bar:
         if num_proc == 1:
@@ -328,7 +335,8 @@ def _manifest(config, sources, formats, tok, tokenizer, ledger, store, segments,
         "packprep_version": __version__,
         "config": asdict(config),
         "inputs": [
-            {"path": s.path, "kind": s.kind, "format": f, "records": s.records, "sha256": s.sha256}
+            {"path": s.path, "kind": s.kind, "format": f, "records": s.records,
+             "sha256": file_sha256(s.path) if os.path.isfile(s.path) else None}
             for s, f in zip(sources, formats)
         ],
         "tokenizer": tokenizer_fingerprint(tok, tokenizer),

@@ -12,7 +12,6 @@ import gzip
 import hashlib
 import io
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -43,7 +42,6 @@ class Source:
     path: str
     kind: str
     records: int = 0
-    sha256: str | None = None
 
 
 def resolve_inputs(inputs: list[str]) -> list[Source]:
@@ -104,8 +102,6 @@ def file_sha256(path: str) -> str:
 
 def read_records(source: Source) -> Iterator[Record]:
     """Yield the records of one source in file order."""
-    if source.kind != "hub":
-        source.sha256 = file_sha256(source.path) if os.path.isfile(source.path) else None
     reader = {
         "jsonl": _read_jsonl,
         "json": _read_json,
