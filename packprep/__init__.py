@@ -12,6 +12,8 @@ __version__ = "0.1.0"
 
 from .packing import Bins, pack_lengths  # noqa: E402
 from .pipeline import PackConfig, pack  # noqa: E402
+from .push import push  # noqa: E402
+from .stats import stats  # noqa: E402
 from .verify import verify  # noqa: E402
 
-__all__ = ["Bins", "PackConfig", "__version__", "pack", "pack_lengths", "verify"]
+__all__ = ["Bins", "PackConfig", "__version__", "pack", "pack_lengths", "push", "stats", "verify"]

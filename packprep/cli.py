@@ -11,7 +11,7 @@ from . import __version__
 from .errors import EXIT_CODES_HELP, PackprepError
 from .normalize import FORMATS
 from .packing import ROW_ORDERS, STRATEGIES
-from .pipeline import ON_ERROR, OVERLONG
+from .pipeline import ENGINES, ON_ERROR, OVERLONG
 from .tokenize import TRAIN_ON
 from .write import SHARD_FORMATS
 
@@ -66,10 +66,20 @@ def main():
 @click.option("--shard-size", default="500MB", show_default=True, help="Upper bound of a shard (uncompressed).")
 @click.option("--on-error", default="skip", show_default=True, type=click.Choice(ON_ERROR),
               help="skip: list bad records in rejects.jsonl and go on; fail: stop at the first.")
+@click.option("--partition-size", default=None, type=int,
+              help="Pack each run of N sequences on its own [default: all at once; 1000000 with --engine ray].")
 @click.option("--num-proc", default=None, type=int, help="Tokenizer processes [default: all cores].")
+@click.option("--engine", default="local", show_default=True, type=click.Choice(ENGINES),
+              help="local: this machine's cores; ray: tokenize on a Ray cluster (pip install 'packprep[ray]').")
+@click.option("--ray-address", default=None, help="With --engine ray: the cluster address [default: start a local Ray].")
+@click.option("--push-to", default=None, metavar="REPO_ID",
+              help="After packing, push the folder to this Hub dataset repo (as `packprep push`).")
+@click.option("--private", is_flag=True, help="With --push-to: create the repo private.")
+@click.option("--token", default=None, help="With --push-to: Hub token [default: HF_TOKEN, else `hf auth login`].")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output folder.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
-def pack(inputs, tokenizer, output, format_, num_proc, overwrite, quiet, **settings):
+def pack(inputs, tokenizer, output, format_, num_proc, engine, ray_address, push_to, private, token, overwrite, quiet,
+         **settings):
     """Pack INPUT files (JSON, JSONL, Parquet, Arrow, saved datasets, Hub ids) into shards.
 
     \b
@@ -80,8 +90,14 @@ def pack(inputs, tokenizer, output, format_, num_proc, overwrite, quiet, **setti
     """
     from .pipeline import pack as pack_
 
-    manifest = pack_(list(inputs), output, tokenizer, overwrite=overwrite, num_proc=num_proc,
-                     progress=not quiet, format=format_, **settings)
+    if push_to:  # a bad token or no network fails before the packing work, not after
+        from .push import check_credentials
+
+        check_credentials(token)
+    if engine == "ray" and settings["partition_size"] is None:
+        settings["partition_size"] = 1_000_000
+    manifest = pack_(list(inputs), output, tokenizer, overwrite=overwrite, num_proc=num_proc, engine=engine,
+                     ray_address=ray_address, progress=not quiet, format=format_, **settings)
     counts = manifest["counts"]
     click.echo(
         f"packed {counts['records']:,} records into {manifest['rows']:,} rows "
@@ -90,7 +106,12 @@ def pack(inputs, tokenizer, output, format_, num_proc, overwrite, quiet, **setti
         f"rejected {counts['rejected']:,}"
         + (f" (see {output}/rejects.jsonl)" if counts["rejected"] else "")
     )
-    click.echo(f"next: packprep verify {output}")
+    if push_to:
+        from .push import push as push_
+
+        click.echo(f"pushed to dataset {push_to}: {push_(output, push_to, private=private, token=token)}")
+    else:
+        click.echo(f"next: packprep verify {output}, packprep stats {output}, packprep push {output} REPO_ID")
 
 
 @main.command(epilog=EXIT_CODES_HELP)
@@ -159,3 +180,102 @@ def push(folder, repo_id, private, revision, token, commit_message):
     click.echo(f"commit: {result}")
     click.echo(f"load it: datasets.load_dataset({result.repo_id!r}"
                + (f", revision={result.revision!r}" if result.revision != "main" else "") + ', split="train")')
+
+
+@main.command(epilog=EXIT_CODES_HELP)
+@click.argument("inputs", nargs=-1, required=True)
+@click.option("--tokenizer", "-t", default=None,
+              help="Tokenizer folder or Hub id, as for pack (not needed for a packed folder).")
+@click.option("--max-len", "max_lens", multiple=True, type=int,
+              help="Row length to plan for; repeat for several [default: 1024 2048 4096 8192 16384].")
+@click.option("--strategy", "strategies", multiple=True, type=click.Choice(STRATEGIES),
+              help="Strategy to plan for; repeat for several [default: pad random greedy].")
+@click.option("--global-batch-size", default=64, show_default=True, type=int,
+              help="Rows per optimizer step, over all devices and accumulation steps.")
+@click.option("--epochs", default=1, show_default=True, type=int, help="Epochs, for the optimizer step count.")
+@click.option("--train-on", default="assistant", show_default=True, type=click.Choice(TRAIN_ON),
+              help="Which tokens get labels, as for pack.")
+@click.option("--format", "format_", default=None, type=click.Choice(FORMATS),
+              help="Record format; detected per file when omitted.")
+@click.option("--messages-field", default=None, help="Column holding the messages, if not 'conversations'/'messages'.")
+@click.option("--text-field", default="text", show_default=True, help="Column holding plain text (--format text).")
+@click.option("--overlong", default="truncate", show_default=True, type=click.Choice(OVERLONG),
+              help="What pack would do with a sample longer than --max-len.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the random strategy, as for pack.")
+@click.option("--samples-per-row", default=None, type=int, help="Samples per row for --strategy minibatch.")
+@click.option("--num-proc", default=None, type=int, help="Tokenizer processes [default: all cores].")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
+              help="Also draw the histograms and what-if curves into this PNG (needs packprep[plot]).")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def stats(inputs, tokenizer, max_lens, strategies, global_batch_size, epochs, format_, num_proc, as_json,
+          plot_path, quiet, **settings):
+    """Length statistics and a what-if packing plan, before packing.
+
+    \b
+    For INPUT files (tokenized exactly as pack would): tokens, supervised
+    tokens and turns per conversation (count, mean, p50, p90, p99, max), a
+    log-binned histogram, and for each --max-len and strategy the rows,
+    packing efficiency, padding, over-long samples and the tokens they lose,
+    samples per row, optimizer steps and relative attention cost. The plan
+    runs pack's own packing engine on the lengths, so it is exact.
+    For a packed output FOLDER (holding packprep.json): rows, sequences per
+    row, efficiency and the row fill histogram, read from the shards.
+
+    \b
+    Examples:
+      packprep stats chats.jsonl -t ./llama3
+      packprep stats chats.jsonl -t ./llama3 --max-len 2048 --max-len 8192 --global-batch-size 128
+      packprep stats a.json b.parquet -t Qwen/Qwen2.5-7B-Instruct --json > plan.json
+      packprep stats chats.jsonl -t ./llama3 --plot lengths.png
+      packprep stats packed/
+    """
+    from .errors import ConfigError
+    from .stats import (DEFAULT_MAX_LENS, DEFAULT_STRATEGIES, is_packed_folder, plot, render_text,
+                        require_matplotlib, stats as stats_, stats_folder)
+
+    if plot_path:
+        require_matplotlib()
+    if len(inputs) == 1 and is_packed_folder(inputs[0]):
+        report = stats_folder(inputs[0], global_batch_size=global_batch_size, epochs=epochs)
+    else:
+        if not tokenizer:
+            raise ConfigError("--tokenizer is required for input files (only a packed folder, holding "
+                              "packprep.json, needs none)")
+        report = stats_(list(inputs), tokenizer, max_lens or DEFAULT_MAX_LENS, strategies or DEFAULT_STRATEGIES,
+                        global_batch_size, epochs, num_proc=num_proc, progress=not quiet, format=format_,
+                        **settings)
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        click.echo(render_text(report), nl=False)
+    if plot_path:
+        plot(report, plot_path)
+        click.echo(f"plot written to {plot_path}", err=True)
+
+
+@main.command("inspect", epilog=EXIT_CODES_HELP)
+@click.argument("folder", type=click.Path(exists=True, file_okay=False))
+@click.option("--row", "-r", default=0, show_default=True, type=int,
+              help="Row to show, counted over all shards from 0 (negative: from the end).")
+@click.option("--tokenizer", "-t", default=None, help="Decode with this tokenizer instead of the manifest's.")
+@click.option("--color/--no-color", default=None,
+              help="Colour trained tokens [default: on a terminal; [[brackets]] when piped].")
+def inspect_(folder, row, tokenizer, color):
+    """Decode one packed row of FOLDER, showing sequence boundaries and trained tokens.
+
+    \b
+    Each packed sequence gets a header (its input record, tokens, trained
+    tokens). Trained tokens (label != -100) are green on a terminal, and
+    between [[ and ]] when the output is piped or --no-color is given.
+
+    \b
+    Examples:
+      packprep inspect packed/
+      packprep inspect packed/ --row 17
+      packprep inspect packed/ --row -1 --no-color | less
+    """
+    from .inspect import inspect_row
+
+    text = inspect_row(folder, row, color=color, tokenizer=tokenizer)
+    click.echo(text, nl=False, color=True if color else None)

@@ -19,7 +19,7 @@ import multiprocessing
 import numpy as np
 
 from . import __version__
-from .card import render_card
+from .card import length_histograms, render_card
 from .errors import ConfigError, InputError
 from .materialize import Segments, TokenStore, TokenStoreBuilder
 from .normalize import FORMATS, Conversation, FieldNames, Rejected, detect_format, normalize
@@ -29,6 +29,7 @@ from .tokenize import TRAIN_ON, ChatEncoder, Encoded, load_tokenizer, tokenizer_
 from .write import SHARD_FORMATS, OutputFolder, parse_size, write_shards
 
 OVERLONG = ("truncate", "drop", "split")
+ENGINES = ("local", "ray")
 ON_ERROR = ("skip", "fail")
 # What became of each input record (the manifest counts these; verify checks they add up).
 PACKED, TRUNCATED, SPLIT, REJECTED = "packed", "truncated", "split", "rejected"
@@ -51,6 +52,7 @@ class PackConfig:
     shard_format: str = "parquet"
     shard_size: str = "500MB"
     on_error: str = "skip"
+    partition_size: int | None = None  # pack each run of this many sequences on its own; None: globally
 
     def validate(self) -> None:
         choices = {
@@ -71,6 +73,8 @@ class PackConfig:
         if self.strategy == "minibatch" and not (self.samples_per_row and self.samples_per_row >= 1):
             raise ConfigError("--strategy minibatch needs --samples-per-row B (B >= 1)")
         parse_size(self.shard_size)
+        if self.partition_size is not None and self.partition_size < 1:
+            raise ConfigError("--partition-size must be at least 1")
 
 
 def pack(
@@ -81,13 +85,18 @@ def pack(
     overwrite: bool = False,
     num_proc: int | None = None,
     progress: bool = False,
+    engine: str = "local",
+    ray_address: str | None = None,
     **settings,
 ) -> dict:
     """Pack conversations from ``inputs`` into shards at ``output``; return the manifest.
 
     ``settings`` are the fields of :class:`PackConfig` (``max_len``, ``strategy``, ``seed``, ...).
-    Output is identical for any ``num_proc`` (default: all cores).
+    Output is identical for any ``num_proc`` (default: all cores). ``engine="ray"`` tokenizes on a
+    Ray cluster (``ray_address``, or a local instance) and gives the same bytes as ``"local"``.
     """
+    if engine not in ENGINES:
+        raise ConfigError(f"--engine must be one of {', '.join(ENGINES)}")
     config = PackConfig(**settings)
     config.validate()
     sources = resolve_inputs([inputs] if isinstance(inputs, str) else list(inputs))
@@ -104,7 +113,8 @@ def pack(
         ledger = Ledger(config, tmp / "rejects.jsonl")
         with ledger:
             store = _tokenize_all(
-                sources, formats, fields, encoder, tokenizer, config, ledger, num_proc, progress, tmp / "token-cache"
+                sources, formats, fields, encoder, tokenizer, config, ledger, num_proc, progress, tmp / "token-cache",
+                engine, ray_address,
             )
         bins = _pack(store, config, ledger)
         segments = _segments(bins, store)
@@ -243,13 +253,18 @@ def _worker_encode(conversations: list[Conversation]) -> list:
 
 
 def _tokenize_all(
-    sources, formats, fields, encoder, tokenizer, config, ledger, num_proc, progress, cache_dir
+    sources, formats, fields, encoder, tokenizer, config, ledger, num_proc, progress, cache_dir, engine, ray_address
 ) -> TokenStore:
     """Tokenize every record, spilling tokens to ``cache_dir`` so memory does not grow with the data."""
     builder = TokenStoreBuilder(cache_dir)
     batches = _batches(_normalized(sources, formats, fields, ledger), 256)
     with _progress(progress, None, "read+tokenize", "conv") as bar:
-        if num_proc == 1:
+        if engine == "ray":
+            from .engines.ray import ray_encode_batches
+
+            results = ray_encode_batches(batches, tokenizer, config, ray_address, num_proc)
+            _collect(results, builder, config, ledger, bar)
+        elif num_proc == 1:
             results = ((batch, encoder.encode([c for _, _, c in batch])) for batch in batches)
             _collect(results, builder, config, ledger, bar)
         else:
@@ -301,6 +316,31 @@ def _collect(results, builder: TokenStoreBuilder, config: PackConfig, ledger: Le
 
 def _pack(store: TokenStore, config: PackConfig, ledger: Ledger) -> Bins:
     lengths = store.lengths
+    size = config.partition_size or max(1, len(lengths))
+    parts = [_pack_partition(lengths[lo : lo + size], config) for lo in range(0, max(1, len(lengths)), size)]
+    bins = _concat_bins(parts, range(0, max(1, len(lengths)), size))
+    if bins.lengths is not None:  # pieces exist: mark the records that were cut
+        cut = bins.lengths < lengths[bins.items]
+        for source_index in np.unique(store.source_index[bins.items[cut]]).tolist():
+            ledger.status[source_index] = SPLIT
+    return order_bins(bins, lengths, config.row_order, config.seed)
+
+
+def _concat_bins(parts: list[Bins], firsts) -> Bins:
+    """Join the bins of consecutive partitions into one Bins over the whole item range."""
+    if len(parts) == 1:
+        return parts[0]
+    items = np.concatenate([part.items + first for part, first in zip(parts, firsts)])
+    sizes = np.concatenate([np.diff(part.offsets) for part in parts])
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    if all(part.starts is None for part in parts):
+        return Bins(items, offsets)
+    starts = np.concatenate([part.starts if part.starts is not None else np.zeros(len(part.items), np.int64) for part in parts])
+    piece = np.concatenate([part.entry_lengths(None) if part.lengths is not None else np.zeros(0) for part in parts])
+    return Bins(items, offsets, starts, piece)
+
+
+def _pack_partition(lengths: np.ndarray, config: PackConfig) -> Bins:
     if config.overlong == "split" and config.strategy != "minibatch":
         item, start, length = split_pieces(lengths, config.max_len)
         bins = pieces_to_bins(
@@ -311,11 +351,7 @@ def _pack(store: TokenStore, config: PackConfig, ledger: Ledger) -> Bins:
         )
     else:
         bins = pack_lengths(lengths, config.max_len, config.strategy, config.seed, config.samples_per_row)
-    if bins.lengths is not None:  # pieces exist: mark the records that were cut
-        cut = bins.lengths < lengths[bins.items]
-        for source_index in np.unique(store.source_index[bins.items[cut]]).tolist():
-            ledger.status[source_index] = SPLIT
-    return order_bins(bins, lengths, config.row_order, config.seed)
+    return bins
 
 
 def _segments(bins: Bins, store: TokenStore) -> Segments:
@@ -356,6 +392,8 @@ def _manifest(config, sources, formats, tok, tokenizer, ledger, store, segments,
         "rows_may_exceed_max_len": config.strategy == "minibatch",
         "efficiency": round(tokens / (rows * config.max_len), 6) if rows else 0.0,
         "lower_bound_rows": int(bound),
+        "partitions": -(-len(store) // config.partition_size) if config.partition_size and len(store) else 1,
+        "length_histograms": length_histograms(row_lengths, segments.length, config.max_len),
         "shards": shards,
     }
 

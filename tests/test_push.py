@@ -16,7 +16,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from packprep import push as push_module
+import packprep.push  # noqa: F401  (registers the module)
+import sys
+
+push_module = sys.modules["packprep.push"]  # `packprep.push` itself is the function
 from packprep.card import length_histograms, render_card
 from packprep.cli import main
 from packprep.errors import EXIT_PUSH, EXIT_VERIFY, PushError, VerifyError
@@ -296,5 +299,6 @@ def test_card_length_histogram(packed):
 
     card = render_card({**manifest, "length_histograms": hist})
     assert "## Lengths" in card and "Tokens per packed row" in card and "#" * 40 in card
-    plain = render_card(manifest)  # a manifest without histograms still renders
+    assert manifest["length_histograms"] == hist  # pack records them
+    plain = render_card({k: v for k, v in manifest.items() if k != "length_histograms"})  # still renders
     assert "## Lengths" in plain and "longest row" in plain
