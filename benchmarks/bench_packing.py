@@ -16,8 +16,8 @@ Peers are skipped with a printed reason when they cannot be imported:
     rows) -- slow (~30 s), skipped by ``--skip-slow``;
   * TRL's core BFD loop (the sort + best-fit loop of ``trl.data_utils._pack_bfd``
     with TRL's own ``_SegmentTree``) on all lengths at once, and
-    ``_pack_bfd`` itself called once on the whole Arrow table (global; includes
-    Arrow's list_slice/take of the token column; slow, skipped by ``--skip-slow``);
+    (opt-in, ``--with-trl-table``) ``_pack_bfd`` itself called once on the whole
+    Arrow table (global; includes Arrow's list_slice/take of the token column);
   * seqpacker ``Packer(capacity, strategy).pack_flat(lengths)`` for its exact
     FFD/BFD-class strategies.
 """
@@ -207,7 +207,7 @@ def bench_seqpacker(lengths, repeat):
     for strategy in ("FFD", "BFD", "OBFD", "OBFDP"):
         packer = seqpacker.Packer(capacity=MAX_LEN, strategy=strategy)
 
-        def fn():
+        def fn(packer=packer):
             return packer.pack_flat(lengths)
 
         med, times, res, tm_peak, rss = measure(fn, repeat, warmup=True)
@@ -231,7 +231,7 @@ def _token_table(lengths, ids_dtype):
     return pa.table({"input_ids": col})
 
 
-def bench_trl(lengths, repeat, skip_slow, ids_dtype):
+def bench_trl(lengths, repeat, skip_slow, ids_dtype, with_table=False):
     try:
         import trl
         from trl.data_utils import pack_dataset
@@ -282,8 +282,8 @@ def bench_trl(lengths, repeat, skip_slow, ids_dtype):
                note="_pack_bfd's sort+loop, no Arrow column work")
 
     core = getattr(mod, "_pack_bfd", None)
-    if skip_slow:
-        print("  TRL _pack_bfd on the whole table: SKIPPED (--skip-slow)")
+    if skip_slow or not with_table:
+        print("  TRL _pack_bfd on the whole table: SKIPPED (opt-in: --with-trl-table, ~60 s at 1M, ~6 GB RSS)")
     elif core is None:
         print("  TRL _pack_bfd: SKIPPED (trl.data_utils._pack_bfd not found in this TRL version)")
     else:
@@ -340,7 +340,9 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, default=1_000_000, help="number of lengths (default 1,000,000)")
     ap.add_argument("--repeat", type=int, default=5, help="timed repeats per packer (median is reported)")
     ap.add_argument("--slow-repeat", type=int, default=1, help="timed repeats for the TRL peers (default 1)")
-    ap.add_argument("--skip-slow", action="store_true", help="skip TRL pack_dataset and _pack_bfd on the table (~30 s each at 1M)")
+    ap.add_argument("--skip-slow", action="store_true", help="skip TRL pack_dataset (~25 s per call at 1M)")
+    ap.add_argument("--with-trl-table", action="store_true",
+                    help="also time TRL _pack_bfd on the whole token table (~60 s per call at 1M, ~6 GB RSS)")
     ap.add_argument("--skip-peers", action="store_true", help="only packprep")
     ap.add_argument("--skip-scaling", action="store_true", help="skip greedy at n/10 and 10*n")
     ap.add_argument("--ids-dtype", default="int16", help="dtype of the dummy token ids given to TRL (default int16)")
@@ -365,7 +367,17 @@ def main(argv=None) -> int:
     if not args.skip_peers:
         print("peers:")
         bench_seqpacker(lengths, args.repeat)
-        bench_trl(lengths, args.slow_repeat, args.skip_slow, np.dtype(args.ids_dtype))
+        bench_trl(lengths, args.slow_repeat, args.skip_slow, np.dtype(args.ids_dtype), args.with_trl_table)
+
+    print("markdown:")
+    print("| packer | n | median time | bins | above lower bound | peak memory (tracemalloc / RSS growth) |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for r in ROWS:
+        if "median_s" not in r:
+            continue
+        mem = " / ".join("n/a" if v is None else f"{v / 2**20:.0f} MB" for v in (r["tm_peak"], r["rss"]))
+        above = "n/a" if r["above_lb"] is None else f"{r['above_lb']:.4f}%"
+        print(f"| {r['name']} | {r['n']:,} | {r['median_s']:.4f} s | {r['bins']:,} | {above} | {mem} |")
 
     base = {r["name"]: r for r in ROWS if "median_s" in r}
     g = base.get("packprep greedy")

@@ -394,7 +394,7 @@ def test_strategies_constant():
 
 def test_large_max_len_paths_match_naive(monkeypatch):
     # above _CLASS_LIMIT greedy/bfd switch to structures indexed by bin; force that path
-    import packprep.packing as packing
+    from packprep import packing
 
     monkeypatch.setattr(packing, "_CLASS_LIMIT", 8)
     rng = np.random.default_rng(5)
