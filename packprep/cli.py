@@ -12,7 +12,7 @@ from .errors import EXIT_CODES_HELP, PackprepError
 from .normalize import FORMATS
 from .packing import ROW_ORDERS, STRATEGIES
 from .pipeline import ENGINES, ON_ERROR, OVERLONG
-from .tokenize import TRAIN_ON
+from .tokenize import BACKENDS, TRAIN_ON
 from .write import SHARD_FORMATS
 
 
@@ -69,6 +69,9 @@ def main():
 @click.option("--partition-size", default=None, type=int,
               help="Pack each run of N sequences on its own [default: all at once; 1000000 with --engine ray].")
 @click.option("--num-proc", default=None, type=int, help="Tokenizer processes [default: all cores].")
+@click.option("--tokenizer-backend", default="auto", show_default=True, type=click.Choice(BACKENDS),
+              help="tiktoken: exact fast path for byte-level BPE tokenizers (Llama-3, Qwen2, GPT-2); auto: "
+              "tiktoken where it is checked identical, else hf. The output is the same with each.")
 @click.option("--engine", default="local", show_default=True, type=click.Choice(ENGINES),
               help="local: this machine's cores; ray: tokenize on a Ray cluster (pip install 'packprep[ray]').")
 @click.option("--ray-address", default=None, help="With --engine ray: the cluster address [default: start a local Ray].")
@@ -203,6 +206,8 @@ def push(folder, repo_id, private, revision, token, commit_message):
               help="What pack would do with a sample longer than --max-len.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the random strategy, as for pack.")
 @click.option("--samples-per-row", default=None, type=int, help="Samples per row for --strategy minibatch.")
+@click.option("--partition-size", default=None, type=int,
+              help="Plan as pack --partition-size: each run of this many samples packed on its own.")
 @click.option("--num-proc", default=None, type=int, help="Tokenizer processes [default: all cores].")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),

@@ -9,10 +9,10 @@ EXIT_OUTPUT = 5
 EXIT_PUSH = 6
 
 EXIT_CODES_HELP = (
-    "Exit codes: 0 success; 2 usage or configuration error (nothing was written); "
+    "Exit codes: 0 success; 1 an unexpected internal error (please report it); "
+    "2 usage or configuration error (nothing was written); "
     "3 an input file cannot be read, or a record was rejected under --on-error fail; "
     "4 verification failed; 5 the output could not be written (disk full, permissions); "
-    "1 an unexpected internal error (please report it); "
     "6 the push to the Hugging Face Hub failed (no or invalid token, no write access, no network, "
     "unknown branch)."
 )

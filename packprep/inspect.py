@@ -39,7 +39,7 @@ def inspect_row(
     """
     folder = Path(folder)
     manifest = _manifest(folder)
-    shard, local, total = _locate(manifest, row)
+    row, shard, local, total = _locate(manifest, row)
     record = _read_row(folder / shard["path"], local)
     name = tokenizer or manifest.get("tokenizer", {}).get("name_or_path")
     if not name:
@@ -94,17 +94,17 @@ def _manifest(folder: Path) -> dict:
     return manifest
 
 
-def _locate(manifest: dict, row: int) -> tuple[dict, int, int]:
-    """(shard entry, row within the shard, total rows) of global row ``row``."""
+def _locate(manifest: dict, row: int) -> tuple[int, dict, int, int]:
+    """(global row, shard entry, row within the shard, total rows) of ``row`` (negative: from the end)."""
     total = sum(int(shard["rows"]) for shard in manifest["shards"])
-    if row < 0:
-        row += total
-    if not 0 <= row < total:
-        raise ConfigError(f"--row {row}: the folder has {total:,} rows (0 to {total - 1:,})")
+    wanted = row + total if row < 0 else row
+    if not 0 <= wanted < total:
+        raise ConfigError(f"--row {row}: the folder has {total:,} rows (0 to {total - 1:,}, or -1 to -{total:,})")
+    local = wanted
     for shard in manifest["shards"]:
-        if row < int(shard["rows"]):
-            return shard, row, total
-        row -= int(shard["rows"])
+        if local < int(shard["rows"]):
+            return wanted, shard, local, total
+        local -= int(shard["rows"])
     raise AssertionError("unreachable")
 
 

@@ -741,6 +741,9 @@ def pieces_to_bins(bins: Bins, item, start, length) -> Bins:
     start = np.asarray(start, dtype=np.int64)
     length = np.asarray(length, dtype=np.int64)
     idx = bins.items
+    if bins.lengths is not None:  # the packer cut the pieces further (random)
+        return Bins(items=item[idx], offsets=bins.offsets.copy(), starts=start[idx] + bins.starts,
+                    lengths=bins.lengths.copy())
     return Bins(items=item[idx], offsets=bins.offsets.copy(), starts=start[idx], lengths=length[idx])
 
 

@@ -25,7 +25,7 @@ from .materialize import Segments, TokenStore, TokenStoreBuilder
 from .normalize import FORMATS, Conversation, FieldNames, Rejected, detect_format, normalize
 from .packing import ROW_ORDERS, STRATEGIES, Bins, lower_bound, order_bins, pack_lengths, pieces_to_bins, split_pieces
 from .read import Record, Source, file_sha256, read_records, resolve_inputs
-from .tokenize import TRAIN_ON, ChatEncoder, Encoded, load_tokenizer, tokenizer_fingerprint
+from .tokenize import BACKENDS, TRAIN_ON, ChatEncoder, Encoded, load_tokenizer, tokenizer_fingerprint
 from .write import SHARD_FORMATS, OutputFolder, parse_size, write_shards
 
 OVERLONG = ("truncate", "drop", "split")
@@ -52,6 +52,7 @@ class PackConfig:
     shard_format: str = "parquet"
     shard_size: str = "500MB"
     on_error: str = "skip"
+    tokenizer_backend: str = "auto"  # auto | hf | tiktoken; the output is the same with each
     partition_size: int | None = None  # pack each run of this many sequences on its own; None: globally
 
     def validate(self) -> None:
@@ -62,6 +63,7 @@ class PackConfig:
             "row_order": ROW_ORDERS,
             "shard_format": SHARD_FORMATS,
             "on_error": ON_ERROR,
+            "tokenizer_backend": BACKENDS,
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -103,7 +105,7 @@ def pack(
     folder = OutputFolder(output, overwrite)
     folder.check()
     tok = load_tokenizer(tokenizer)
-    encoder = ChatEncoder(tok, config.train_on)
+    encoder = ChatEncoder(tok, config.train_on, config.tokenizer_backend)
     fields = FieldNames(config.messages_field, config.text_field)
     formats = [_source_format(source, config, fields) for source in sources]
     _check_template(encoder, formats, config.max_len)
@@ -123,7 +125,8 @@ def pack(
                 tmp, store, segments, config.max_len, config.shard_format, parse_size(config.shard_size), bar
             )
         shutil.rmtree(store.cache_dir)
-        manifest = _manifest(config, sources, formats, tok, tokenizer, ledger, store, segments, shards)
+        manifest = _manifest(config, sources, formats, tok, tokenizer, ledger, store, segments, shards,
+                             encoder.backend_name)
         (tmp / "packprep.json").write_text(json.dumps(manifest, indent=2) + "\n")
         (tmp / "README.md").write_text(render_card(manifest))
         from .verify import verify
@@ -138,22 +141,24 @@ def pack(
 class Ledger:
     """Where each record ended up; rejected records are written to rejects.jsonl as they happen."""
 
-    def __init__(self, config: PackConfig, rejects_path):
+    def __init__(self, config: PackConfig, rejects_path=None):
         self.config = config
-        self.rejects_path = rejects_path
+        self.rejects_path = rejects_path  # None: count only (stats)
         self.status: list[str] = []
         self.reasons: Counter = Counter()
         self.turns_not_located = 0
         self._handle = None
 
     def __enter__(self):
-        self._handle = open(self.rejects_path, "w", encoding="utf-8")
+        if self.rejects_path is not None:
+            self._handle = open(self.rejects_path, "w", encoding="utf-8")
         return self
 
     def __exit__(self, *exc):
-        self._handle.close()
-        if not self.reasons:
-            os.remove(self.rejects_path)
+        if self._handle is not None:
+            self._handle.close()
+            if not self.reasons:
+                os.remove(self.rejects_path)
 
     def add(self) -> int:
         """Count a new record (packed until said otherwise); return its source index."""
@@ -175,7 +180,8 @@ class Ledger:
             "code": code,
             "record": _preview(record),
         }
-        self._handle.write(json.dumps(entry, ensure_ascii=False) + "\n")
+        if self._handle is not None:
+            self._handle.write(json.dumps(entry, ensure_ascii=False) + "\n")
 
 
 def _preview(record: Record) -> str:
@@ -242,10 +248,10 @@ def _batches(iterable: Iterable, size: int) -> Iterator[list]:
 _WORKER_ENCODER: ChatEncoder | None = None
 
 
-def _worker_init(tokenizer: str, train_on: str) -> None:
+def _worker_init(tokenizer: str, train_on: str, backend: str = "auto") -> None:
     global _WORKER_ENCODER
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    _WORKER_ENCODER = ChatEncoder(load_tokenizer(tokenizer), train_on)
+    _WORKER_ENCODER = ChatEncoder(load_tokenizer(tokenizer), train_on, backend)
 
 
 def _worker_encode(conversations: list[Conversation]) -> list:
@@ -259,20 +265,25 @@ def _tokenize_all(
     builder = TokenStoreBuilder(cache_dir)
     batches = _batches(_normalized(sources, formats, fields, ledger), 256)
     with _progress(progress, None, "read+tokenize", "conv") as bar:
-        if engine == "ray":
-            from .engines.ray import ray_encode_batches
-
-            results = ray_encode_batches(batches, tokenizer, config, ray_address, num_proc)
-            _collect(results, builder, config, ledger, bar)
-        elif num_proc == 1:
-            results = ((batch, encoder.encode([c for _, _, c in batch])) for batch in batches)
-            _collect(results, builder, config, ledger, bar)
-        else:
-            context = multiprocessing.get_context("fork")
-            with ProcessPoolExecutor(num_proc, context, _worker_init, (tokenizer, config.train_on)) as pool:
-                results = _ordered_map(pool, batches, num_proc * 4)
-                _collect(results, builder, config, ledger, bar)
+        results = encoded_batches(batches, encoder, tokenizer, config, num_proc, engine, ray_address)
+        _collect(results, builder, config, ledger, bar)
     return builder.build()
+
+
+def encoded_batches(batches, encoder, tokenizer, config, num_proc=1, engine="local", ray_address=None):
+    """Yield ``(batch, encoded)`` in input order, encoded in-process, by worker processes or on Ray."""
+    if engine == "ray":
+        from .engines.ray import ray_encode_batches
+
+        yield from ray_encode_batches(batches, tokenizer, config, ray_address, num_proc)
+    elif num_proc == 1:
+        for batch in batches:
+            yield batch, encoder.encode([c for _, _, c in batch])
+    else:
+        context = multiprocessing.get_context("fork")
+        backend = "hf" if encoder.backend_name == "hf" else config.tokenizer_backend  # warn once, in the parent
+        with ProcessPoolExecutor(num_proc, context, _worker_init, (tokenizer, config.train_on, backend)) as pool:
+            yield from _ordered_map(pool, batches, num_proc * 4)
 
 
 def _ordered_map(pool, batches, in_flight: int):
@@ -360,7 +371,7 @@ def _segments(bins: Bins, store: TokenStore) -> Segments:
     return Segments(bins.items, starts, bins.entry_lengths(lengths), bins.offsets)
 
 
-def _manifest(config, sources, formats, tok, tokenizer, ledger, store, segments, shards) -> dict:
+def _manifest(config, sources, formats, tok, tokenizer, ledger, store, segments, shards, backend="hf") -> dict:
     status = Counter(ledger.status)
     row_lengths = segments.row_lengths()
     tokens = int(row_lengths.sum())
@@ -375,7 +386,7 @@ def _manifest(config, sources, formats, tok, tokenizer, ledger, store, segments,
              "sha256": file_sha256(s.path) if os.path.isfile(s.path) else None}
             for s, f in zip(sources, formats)
         ],
-        "tokenizer": tokenizer_fingerprint(tok, tokenizer),
+        "tokenizer": {**tokenizer_fingerprint(tok, tokenizer), "backend": backend},
         "counts": {
             "records": len(ledger.status),
             PACKED: status[PACKED],

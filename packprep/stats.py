@@ -34,7 +34,6 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections import Counter
 from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
@@ -109,6 +108,7 @@ def log_histogram(values, bins_per_octave: int | None = None) -> list[dict]:
     counts = np.bincount(np.searchsorted(edges, arr, side="right") - 1, minlength=len(edges) - 1)
     nonzero = np.flatnonzero(counts)
     first, last = int(nonzero[0]), int(nonzero[-1])
+    edges[last + 1] = min(int(edges[last + 1]), int(arr.max()) + 1)  # the last bin ends at the maximum
     return [
         {"lo": int(edges[i]), "hi": int(edges[i + 1]), "count": int(counts[i])} for i in range(first, last + 1)
     ]
@@ -148,6 +148,7 @@ def what_if(
     overlong: str = "truncate",
     seed: int = 0,
     samples_per_row: int | None = None,
+    partition_size: int | None = None,
     global_batch_size: int = 64,
     epochs: int = 1,
 ) -> list[dict]:
@@ -165,7 +166,8 @@ def what_if(
             ``L, 2L, ...``: the first labels of its pieces under ``--overlong split``, which
             become -100. With it, ``supervised_tokens`` is exact under split.
         overlong: ``truncate``, ``drop`` or ``split``, as ``pack --overlong``.
-        seed, samples_per_row: as ``pack`` (``random`` and ``minibatch`` use them).
+        seed, samples_per_row, partition_size: as ``pack`` (``random`` and ``minibatch`` use the
+            first two; ``partition_size`` packs each run of that many samples on its own).
 
     Returns one dict per (max_len, strategy), max_len ascending, strategies in the given order:
     ``rows``, ``tokens``, ``efficiency`` (tokens / (rows × max_len)), ``padding_tokens`` (if every
@@ -221,14 +223,9 @@ def what_if(
             _, _, pieces = split_pieces(lens, max_len)
         pad_attention = int(np.square(pieces if pieces is not None else lens).sum())
         for strategy in strategies:
-            if pieces is not None and strategy != "minibatch":
-                bins = pack_lengths(pieces, max_len, strategy, seed, samples_per_row)
-                entry = bins.entry_lengths(pieces)
-            else:
-                bins = pack_lengths(lens, max_len, strategy, seed, samples_per_row)
-                entry = bins.entry_lengths(lens)
-            rows = bins.n_bins
-            row_lengths = bins.bin_lengths(pieces if pieces is not None and strategy != "minibatch" else lens)
+            entry, row_lengths = _plan(lens, max_len, strategy, seed, samples_per_row, partition_size,
+                                       split=overlong == "split")
+            rows = len(row_lengths)
             width = max(max_len, int(row_lengths.max()) if rows else 0)
             sup_here, exact = sup, True
             if overlong == "split" and pieces is not None and strategy != "minibatch":
@@ -259,29 +256,24 @@ def what_if(
     return table
 
 
+def _plan(lens, max_len, strategy, seed, samples_per_row, partition_size, split) -> tuple[np.ndarray, np.ndarray]:
+    """(length of every packed sequence or piece, length of every row), as ``pack`` packs ``lens``."""
+    size = partition_size or max(1, len(lens))
+    entries, rows = [], []
+    for lo in range(0, len(lens), size):
+        part = lens[lo : lo + size]
+        if split and strategy != "minibatch" and int(part.max()) > max_len:
+            _, _, part = split_pieces(part, max_len)
+        bins = pack_lengths(part, max_len, strategy, seed, samples_per_row)
+        entries.append(bins.entry_lengths(part))
+        rows.append(bins.bin_lengths(part))
+    join = lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64)  # noqa: E731
+    return join(entries), join(rows)
+
+
 # ---------------------------------------------------------------------------------------------
 # stats over inputs
 # ---------------------------------------------------------------------------------------------
-
-
-class _Tally:
-    """The pipeline's Ledger interface (add/reject), counting instead of writing rejects.jsonl."""
-
-    def __init__(self, on_error: str):
-        self.on_error = on_error
-        self.records = 0
-        self.reasons: Counter = Counter()
-        self.turns_not_located = 0
-
-    def add(self) -> int:
-        self.records += 1
-        return self.records - 1
-
-    def reject(self, record, source_index: int, reason: str, code: str) -> None:
-        if self.on_error == "fail":
-            where = f"line {record.line}" if record.line else f"record {record.index}"
-            raise InputError(f"{record.file}, {where}: {reason} (use --on-error skip to set such records aside)")
-        self.reasons[code] += 1
 
 
 def stats(
@@ -303,7 +295,7 @@ def stats(
     (``overlong``, ``seed``, ``samples_per_row``). Nothing is written. Returns a JSON-ready dict
     (``kind: "inputs"``) that :func:`render_text` and :func:`plot` draw.
     """
-    from .pipeline import PackConfig, _check_template, _source_format
+    from .pipeline import Ledger, PackConfig, _check_template, _source_format
     from .read import resolve_inputs
 
     known = {f.name for f in dataclass_fields(PackConfig)}
@@ -318,19 +310,20 @@ def stats(
     config.validate()
     sources = resolve_inputs([inputs] if isinstance(inputs, str) else list(inputs))
     tok = load_tokenizer(tokenizer)
-    encoder = ChatEncoder(tok, config.train_on)
+    encoder = ChatEncoder(tok, config.train_on, config.tokenizer_backend)
     fields = FieldNames(config.messages_field, config.text_field)
     formats = [_source_format(source, config, fields) for source in sources]
     _check_template(encoder, formats, min(max_lens))
     num_proc = max(1, num_proc or os.cpu_count() or 1)
 
-    tally = _Tally(config.on_error)
+    tally = Ledger(config)
     collected = _encode_lengths(sources, formats, fields, encoder, tokenizer, config, tally, max_lens, num_proc, progress)
     lengths, supervised, turns, within, masked = collected
     table = what_if(
         lengths, supervised, max_lens, strategies,
         supervised_within=within, split_masked=masked, overlong=config.overlong, seed=config.seed,
-        samples_per_row=config.samples_per_row, global_batch_size=global_batch_size, epochs=epochs,
+        samples_per_row=config.samples_per_row, partition_size=config.partition_size,
+        global_batch_size=global_batch_size, epochs=epochs,
     )
     rejected = sum(tally.reasons.values())
     return {
@@ -338,7 +331,7 @@ def stats(
         "inputs": [{"path": s.path, "format": f, "records": s.records} for s, f in zip(sources, formats)],
         "tokenizer": tokenizer,
         "train_on": config.train_on,
-        "records": tally.records,
+        "records": len(tally.status),
         "conversations": int(len(lengths)),
         "rejected": rejected,
         "rejected_by_reason": dict(sorted(tally.reasons.items())),
@@ -363,10 +356,7 @@ def stats(
 
 def _encode_lengths(sources, formats, fields, encoder, tokenizer, config, tally, max_lens, num_proc, progress):
     """Run the pipeline's read → normalize → tokenize stages; keep only lengths and label counts."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    from .pipeline import _batches, _normalized, _ordered_map, _progress, _worker_init
+    from .pipeline import _batches, _normalized, _progress, encoded_batches
 
     lengths: list[int] = []
     supervised: list[int] = []
@@ -400,12 +390,7 @@ def _encode_lengths(sources, formats, fields, encoder, tokenizer, config, tally,
 
     batches = _batches(_normalized(sources, formats, fields, tally), 256)
     with _progress(progress, None, "read+tokenize", "conv") as bar:
-        if num_proc == 1:
-            collect(((batch, encoder.encode([c for _, _, c in batch])) for batch in batches), bar)
-        else:
-            context = multiprocessing.get_context("fork")
-            with ProcessPoolExecutor(num_proc, context, _worker_init, (tokenizer, config.train_on)) as pool:
-                collect(_ordered_map(pool, batches, num_proc * 4), bar)
+        collect(encoded_batches(batches, encoder, tokenizer, config, num_proc), bar)
     as_array = lambda values: np.asarray(values, dtype=np.int64)  # noqa: E731
     return (
         as_array(lengths),
@@ -584,10 +569,25 @@ def _what_if_lines(plan: dict) -> list[str]:
         )
     rejected = {r["max_len"]: r["rejected"] for r in rows if r["rejected"]}
     notes = [
-        "  effic: tokens / (rows × max_len)   padding: pad tokens if rows are padded to max_len",
-        "  over: samples longer than max_len  lost tok: the tokens they lose",
-        "  steps: ceil(rows / batch) × epochs attn: sum(len²) of packed sequences vs pad",
+        "  effic: tokens / (rows × max_len)    padding: pad tokens if padded to max_len",
+        "  over: samples longer than max_len   lost tok: the tokens they lose",
+        "  steps: ceil(rows / batch) × epochs  attn: sum(len²) of packed sequences vs pad",
     ]
+    by_key = {(r["max_len"], r["strategy"]): r for r in rows}
+    preference = ("greedy", "bfd", "random")
+    packed = sorted(
+        (r for r in rows if r["strategy"] in preference and (r["max_len"], "pad") in by_key),
+        key=lambda r: (r["max_len"], preference.index(r["strategy"])),
+    )
+    if packed:
+        r = packed[0]
+        pad_steps = by_key[(r["max_len"], "pad")]["optimizer_steps"]
+        if pad_steps != r["optimizer_steps"]:
+            notes.extend(_wrap(
+                f"  packing changes the step count ({_n(pad_steps)} → {_n(r['optimizer_steps'])} at "
+                f"{_n(r['max_len'])}, {r['strategy']}): set warm-up and schedule in steps after "
+                "choosing, and revisit the learning rate", indent="    "
+            ))
     if rejected:
         notes.append(
             "  left with no trained token after truncation (rejected): "
@@ -652,7 +652,8 @@ def _render_folder(report: dict) -> str:
     )
     lines.append(
         f"efficiency {report['efficiency']:.2%}, padding {_n(report['padding_tokens'])} tokens, "
-        f"{_n(report['optimizer_steps'])} optimizer steps (batch {report['global_batch_size']}, "
+        f"{_n(report['optimizer_steps'])} optimizer step{'s' if report['optimizer_steps'] != 1 else ''} "
+        f"(batch {report['global_batch_size']}, "
         f"{report['epochs']} epoch{'s' if report['epochs'] != 1 else ''})"
     )
     lines.append("")
@@ -696,9 +697,13 @@ def plot(report: dict, path: str | os.PathLike) -> None:
         if bins:
             lo = np.array([b["lo"] for b in bins], dtype=float)
             hi = np.array([b["hi"] for b in bins], dtype=float)
-            ax.bar(lo, [b["count"] for b in bins], width=hi - lo, align="edge", edgecolor="white", color="#4C72B0")
+            width = np.maximum(hi - lo, lo * 0.15) if log else hi - lo  # a one-value bin stays visible
+            ax.bar(lo, [b["count"] for b in bins], width=width, align="edge", edgecolor="white", color="#4C72B0")
             if log:
+                from matplotlib.ticker import FuncFormatter
+
                 ax.set_xscale("log", base=2)
+                ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.0f}"))
         ax.set_title(title)
         ax.set_xlabel(xlabel)
         ax.set_ylabel("count")
@@ -714,19 +719,31 @@ def plot(report: dict, path: str | os.PathLike) -> None:
         plan = report["what_if"]["rows"]
         for max_len in sorted({r["max_len"] for r in plan}):
             axes[0].axvline(max_len, color="#C44E52", linestyle=":", linewidth=1)
-        for strategy in dict.fromkeys(r["strategy"] for r in plan):
+        from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+        styles = ["-o", "--s", ":^", "-.D", "-v"]
+        for k, strategy in enumerate(dict.fromkeys(r["strategy"] for r in plan)):
             mine = [r for r in plan if r["strategy"] == strategy]
             xs = [r["max_len"] for r in mine]
-            axes[1].plot(xs, [r["efficiency"] for r in mine], marker="o", label=strategy)
-            axes[2].plot(xs, [r["optimizer_steps"] for r in mine], marker="o", label=strategy)
+            style = styles[k % len(styles)]
+            axes[1].plot(xs, [r["efficiency"] for r in mine], style, label=strategy, alpha=0.85)
+            axes[2].plot(xs, [r["optimizer_steps"] for r in mine], style, label=strategy, alpha=0.85)
+        plain = FuncFormatter(lambda value, _: f"{value:,.0f}")
         for ax, title, ylabel in ((axes[1], "packing efficiency", "tokens / (rows × max_len)"),
                                   (axes[2], "optimizer steps", "steps")):
             ax.set_xscale("log", base=2)
+            ax.set_xticks(sorted({r["max_len"] for r in plan}))
+            ax.xaxis.set_major_formatter(plain)
+            ax.xaxis.set_minor_formatter(NullFormatter())
             ax.set_title(title)
             ax.set_xlabel("max_len")
             ax.set_ylabel(ylabel)
             ax.legend()
+        axes[1].set_ylim(0, 1.05)
         axes[2].set_yscale("log")
+        axes[2].yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        axes[2].yaxis.set_major_formatter(plain)
+        axes[2].yaxis.set_minor_formatter(NullFormatter())
         what = report["what_if"]
         fig.suptitle(
             f"{', '.join(Path(i['path']).name for i in report['inputs'])} · {report['conversations']:,} conversations · "

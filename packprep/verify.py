@@ -13,7 +13,7 @@ Checks (each failure names the shard, the row and the check):
 * ``max_len``      no row is longer than max_len (unless the strategy allows it)
 * ``source_index`` every index is a record of the input
 * ``coverage``     every input record is packed or listed in rejects.jsonl, never both
-* ``counts``       the manifest's counts add up to the records read, and match rows, tokens and rejects
+* ``counts``       the manifest's counts add up to the records read, and match rows, sequences, tokens and rejects
 """
 
 from __future__ import annotations
@@ -80,23 +80,33 @@ def verify(folder: str | Path, check_hashes: bool = True) -> Report:
     records = manifest["counts"]["records"]
     seen = np.zeros(records, dtype=np.int64)
     supervised = 0
+    # Totals (coverage, row/token counts) are only judged when every shard could be read and its
+    # rows checked: otherwise they would only repeat the failure above as a second, wrong one.
+    complete = True
     for shard in manifest["shards"]:
         path = folder / shard["path"]
         if not path.is_file():
             report.failures.append(Failure("shard_file", "listed in the manifest but missing", shard["path"]))
+            complete = False
             continue
         if check_hashes and file_sha256(path) != shard["sha256"]:
             report.failures.append(Failure("shard_file", "sha256 differs from the manifest", shard["path"]))
         table = _read_shard(path, report, shard["path"])
         if table is None:
+            complete = False
             continue
         if table.num_rows != shard["rows"]:
             report.failures.append(
                 Failure("shard_file", f"{table.num_rows} rows, manifest says {shard['rows']}", shard["path"])
             )
-        supervised += _check_rows(table, shard["path"], max_len, may_exceed, seen, report)
-    _check_coverage(folder, manifest, seen, report)
-    _check_counts(manifest, report, supervised)
+        checked = _check_rows(table, shard["path"], max_len, may_exceed, seen, report)
+        if checked is None:
+            complete = False
+            continue
+        supervised += checked
+    indices_valid = not any(f.check == "source_index" for f in report.failures)
+    _check_coverage(folder, manifest, seen, report, judge_packed=complete and indices_valid)
+    _check_counts(manifest, report, supervised if complete else None)
     return report
 
 
@@ -150,7 +160,8 @@ def _first_row(offsets: np.ndarray, bad_positions: np.ndarray) -> int:
     return int(np.searchsorted(offsets, bad_positions[0], side="right") - 1)
 
 
-def _check_rows(table, name, max_len, may_exceed, seen, report) -> int:
+def _check_rows(table, name, max_len, may_exceed, seen, report) -> int | None:
+    """Check every row of one shard; return its supervised tokens, or None if its rows are malformed."""
     ids, tok_off = _flat(table, "input_ids")
     labels, lab_off = _flat(table, "labels")
     pos, pos_off = _flat(table, "position_ids")
@@ -159,8 +170,8 @@ def _check_rows(table, name, max_len, may_exceed, seen, report) -> int:
     fail = lambda check, row, message: report.failures.append(Failure(check, message, name, row))  # noqa: E731
 
     row_len = np.diff(tok_off)
-    seq_sum = np.add.reduceat(seq_lens, seq_off[:-1]) if len(seq_lens) else np.zeros(len(row_len), np.int64)
-    seq_sum[np.diff(seq_off) == 0] = 0
+    seq_cumsum = np.concatenate([[0], np.cumsum(seq_lens, dtype=np.int64)])
+    seq_sum = seq_cumsum[seq_off[1:]] - seq_cumsum[seq_off[:-1]]  # (reduceat fails on a trailing empty row)
     problems = [
         (np.diff(lab_off) != row_len, "labels and input_ids differ in length"),
         (np.diff(pos_off) != row_len, "position_ids and input_ids differ in length"),
@@ -171,10 +182,10 @@ def _check_rows(table, name, max_len, may_exceed, seen, report) -> int:
     for mask, message in problems:
         if mask.any():
             fail("lengths", int(np.argmax(mask)), message)
-            return 0
+            return None
     if (seq_lens < 1).any():
         fail("lengths", _first_row(seq_off, np.flatnonzero(seq_lens < 1)), "a seq_len is below 1")
-        return 0
+        return None
 
     # Expected position ids: 0..len-1 within every packed sequence.
     seq_start = np.cumsum(seq_lens) - seq_lens
@@ -203,17 +214,29 @@ def _check_rows(table, name, max_len, may_exceed, seen, report) -> int:
     return int((labels != -100).sum())
 
 
-def _check_coverage(folder: Path, manifest: dict, seen: np.ndarray, report: Report) -> None:
+def _check_coverage(folder: Path, manifest: dict, seen: np.ndarray, report: Report, judge_packed: bool = True) -> None:
+    """Every record packed or rejected, never both; ``judge_packed`` False: rejects.jsonl alone."""
     rejected = np.zeros(len(seen), dtype=np.int64)
     path = folder / "rejects.jsonl"
     if path.exists():
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        for number, line in enumerate(path.read_text(encoding="utf-8").removesuffix("\n").split("\n"), start=1):
             try:
                 index = json.loads(line)["source_index"]
+                if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(seen):
+                    raise IndexError(index)  # (a negative index would silently count another record)
                 rejected[index] += 1
             except (ValueError, KeyError, IndexError, TypeError):
                 report.failures.append(Failure("coverage", f"rejects.jsonl line {number} is not a valid reject entry"))
                 return
+    if int((rejected > 0).sum()) != manifest["counts"]["rejected"]:
+        report.failures.append(
+            Failure("counts", f"rejects.jsonl lists {int((rejected > 0).sum())} records, manifest says {manifest['counts']['rejected']}")
+        )
+    twice = np.flatnonzero(rejected > 1)
+    if len(twice):
+        report.failures.append(Failure("coverage", f"record {int(twice[0])} is rejected more than once"))
+    if not judge_packed:
+        return
     missing = np.flatnonzero((seen == 0) & (rejected == 0))
     if len(missing):
         report.failures.append(
@@ -222,25 +245,23 @@ def _check_coverage(folder: Path, manifest: dict, seen: np.ndarray, report: Repo
     both = np.flatnonzero((seen > 0) & (rejected > 0))
     if len(both):
         report.failures.append(Failure("coverage", f"record {int(both[0])} is both packed and rejected"))
-    twice = np.flatnonzero(rejected > 1)
-    if len(twice):
-        report.failures.append(Failure("coverage", f"record {int(twice[0])} is rejected more than once"))
-    if int((rejected > 0).sum()) != manifest["counts"]["rejected"]:
-        report.failures.append(
-            Failure("counts", f"rejects.jsonl lists {int((rejected > 0).sum())} records, manifest says {manifest['counts']['rejected']}")
-        )
 
 
-def _check_counts(manifest: dict, report: Report, supervised: int) -> None:
+def _check_counts(manifest: dict, report: Report, supervised: int | None) -> None:
+    """The manifest's counts add up; ``supervised`` None: a shard was unreadable, skip shard totals."""
     counts = manifest["counts"]
     fates = counts["packed"] + counts["truncated"] + counts["split"] + counts["rejected"]
     if fates != counts["records"]:
         report.failures.append(Failure("counts", f"packed+truncated+split+rejected = {fates}, records = {counts['records']}"))
     if sum(counts["rejected_by_reason"].values()) != counts["rejected"]:
         report.failures.append(Failure("counts", "rejected_by_reason does not add up to rejected"))
+    if supervised is None:
+        return
     if report.rows != manifest["rows"]:
         report.failures.append(Failure("counts", f"shards hold {report.rows} rows, manifest says {manifest['rows']}"))
     if supervised != manifest["tokens"]["supervised"]:
         report.failures.append(Failure("counts", f"shards hold {supervised} supervised tokens, manifest says {manifest['tokens']['supervised']}"))
     if report.tokens != manifest["tokens"]["total"]:
         report.failures.append(Failure("counts", f"shards hold {report.tokens} tokens, manifest says {manifest['tokens']['total']}"))
+    if report.sequences != manifest["sequences"]:
+        report.failures.append(Failure("counts", f"shards hold {report.sequences} sequences, manifest says {manifest['sequences']}"))

@@ -272,7 +272,7 @@ def test_large_max_len_uses_fallback_sort():
 
 
 @SETTINGS
-@given(any_lengths_and_cap, st.sampled_from(["greedy", "bfd", "pad"]))
+@given(any_lengths_and_cap, st.sampled_from(["greedy", "bfd", "pad", "random"]))
 def test_split_pieces_then_pack(lc, strategy):
     lengths, cap = lc
     arr = np.array(lengths, dtype=np.int64)
