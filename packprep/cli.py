@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import click
 
 from . import __version__
-from .errors import EXIT_CODES_HELP, PackprepError
+from .errors import EXIT_CODES_HELP, EXIT_INTERNAL, PackprepError
 from .normalize import FORMATS
 from .packing import ROW_ORDERS, STRATEGIES
 from .pipeline import ENGINES, ON_ERROR, OVERLONG
@@ -28,6 +29,17 @@ class _Group(click.Group):
         except KeyboardInterrupt:
             click.secho("interrupted; no output was written", fg="red", err=True)
             sys.exit(130)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except Exception as exc:  # a packprep bug: one line for the user, the traceback on request
+            if os.environ.get("PACKPREP_DEBUG"):
+                raise
+            click.secho(
+                f"internal error: {type(exc).__name__}: {exc} (please report it; PACKPREP_DEBUG=1 shows the traceback)",
+                fg="red",
+                err=True,
+            )
+            sys.exit(EXIT_INTERNAL)
 
 
 @click.group(cls=_Group, epilog=EXIT_CODES_HELP)

@@ -14,7 +14,7 @@ EXIT_CODES_HELP = (
     "3 an input file cannot be read, or a record was rejected under --on-error fail; "
     "4 verification failed; 5 the output could not be written (disk full, permissions); "
     "6 the push to the Hugging Face Hub failed (no or invalid token, no write access, no network, "
-    "unknown branch)."
+    "unknown branch); 130 interrupted (Ctrl-C), nothing was written."
 )
 
 

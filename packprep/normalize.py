@@ -109,7 +109,9 @@ def _sharegpt(record: dict, key: str) -> Conversation:
         if not isinstance(turn, dict):
             raise Rejected(f"message {number} is a JSON {_json_type(turn)}, expected an object", "wrong_type")
         speaker = turn.get("from")
-        if speaker not in SHAREGPT_ROLES:
+        if "from" not in turn:
+            raise Rejected(f"message {number} has no 'from' field (keys: {sorted(turn)[:8]})", "missing_field")
+        if not isinstance(speaker, str) or speaker not in SHAREGPT_ROLES:
             raise Rejected(
                 f"message {number} has unknown role {speaker!r}; known: {sorted(SHAREGPT_ROLES)}", "unknown_role"
             )
@@ -125,7 +127,9 @@ def _openai(record: dict, key: str) -> Conversation:
         if not isinstance(turn, dict):
             raise Rejected(f"message {number} is a JSON {_json_type(turn)}, expected an object", "wrong_type")
         role = turn.get("role")
-        if role not in OPENAI_ROLES:
+        if "role" not in turn:
+            raise Rejected(f"message {number} has no 'role' field (keys: {sorted(turn)[:8]})", "missing_field")
+        if not isinstance(role, str) or role not in OPENAI_ROLES:
             raise Rejected(f"message {number} has unknown role {role!r}; known: {sorted(OPENAI_ROLES)}", "unknown_role")
         messages.append({"role": role, "content": _content(turn.get("content"), number)})
     return Conversation(messages=messages, tools=_tools(record.get("tools")))
@@ -229,7 +233,10 @@ def schema_problem(record: Any, fmt: str, fields: FieldNames = FieldNames()) -> 
     import jsonschema
 
     validator = jsonschema.Draft202012Validator(load_schema(fmt))
-    error = jsonschema.exceptions.best_match(validator.iter_errors(record))
+    try:
+        error = jsonschema.exceptions.best_match(validator.iter_errors(record))
+    except RecursionError:  # a record nested too deeply to describe; the normaliser's reason stands
+        return None
     if error is None:
         return None
     where = "/".join(str(part) for part in error.absolute_path) or "record"

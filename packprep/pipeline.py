@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections import Counter
+from collections import Counter, deque
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from itertools import islice
@@ -185,10 +185,10 @@ class Ledger:
 
 
 def _preview(record: Record) -> str:
-    if record.data is None:
-        return ""
-    text = record.data if isinstance(record.data, str) else json.dumps(record.data, ensure_ascii=False, default=str)
-    return text[:200]
+    """The first 200 characters of the record as it was: raw text if it did not decode, else JSON."""
+    if record.error is not None:
+        return (record.data or "")[:200]
+    return json.dumps(record.data, ensure_ascii=False, default=str)[:200]
 
 
 def _source_format(source: Source, config: PackConfig, fields: FieldNames) -> str:
@@ -223,20 +223,18 @@ def _check_template(encoder: ChatEncoder, formats: list[str], max_len: int) -> N
             )
 
 
-def _normalized(sources, formats, fields, ledger) -> Iterator[tuple[int, Record, Conversation | None]]:
-    """Yield (source_index, record, conversation or None if rejected)."""
+def _normalized(sources, formats, fields, ledger) -> Iterator[tuple[int, Record, Conversation | Rejected]]:
+    """Yield (source_index, record, conversation), or a Rejected in its place, in input order."""
     for source, fmt in zip(sources, formats):
         for record in read_records(source):
             source_index = ledger.add()
             if record.error is not None:
-                ledger.reject(record, source_index, record.error, "unreadable")
+                yield source_index, record, Rejected(record.error, "unreadable")
                 continue
             try:
-                conversation = normalize(record.data, fmt, fields)
+                yield source_index, record, normalize(record.data, fmt, fields)
             except Rejected as exc:
-                ledger.reject(record, source_index, str(exc), exc.code)
-                continue
-            yield source_index, record, conversation
+                yield source_index, record, exc
 
 
 def _batches(iterable: Iterable, size: int) -> Iterator[list]:
@@ -271,7 +269,25 @@ def _tokenize_all(
 
 
 def encoded_batches(batches, encoder, tokenizer, config, num_proc=1, engine="local", ray_address=None):
-    """Yield ``(batch, encoded)`` in input order, encoded in-process, by worker processes or on Ray."""
+    """Yield ``(batch, encoded)`` in input order, encoded in-process, by worker processes or on Ray.
+
+    Records already rejected while normalizing keep their place, so rejections (and
+    ``--on-error fail``) follow input order whatever the engine.
+    """
+    waiting: deque = deque()
+
+    def to_encode():
+        for batch in batches:
+            waiting.append(batch)
+            yield [item for item in batch if not isinstance(item[2], Rejected)]
+
+    for _, encoded in _encode(to_encode(), encoder, tokenizer, config, num_proc, engine, ray_address):
+        batch = waiting.popleft()
+        done = iter(encoded)
+        yield batch, [c if isinstance(c, Rejected) else next(done) for _, _, c in batch]
+
+
+def _encode(batches, encoder, tokenizer, config, num_proc, engine, ray_address):
     if engine == "ray":
         from .engines.ray import ray_encode_batches
 

@@ -26,7 +26,11 @@ ARROW_SUFFIXES = (".arrow",)
 
 @dataclass
 class Record:
-    """One raw input record, or the reason it could not even be decoded."""
+    """One raw input record, or the reason it could not even be decoded.
+
+    ``data`` is the decoded JSON value; for a record with an ``error`` it is the raw text (invalid
+    bytes replaced by U+FFFD), so that rejects.jsonl can show what the line held.
+    """
 
     file: str
     index: int  # 0-based record index within the file
@@ -67,7 +71,7 @@ def resolve_inputs(inputs: list[str]) -> list[Source]:
                     ".parquet or .arrow"
                 )
             sources.append(Source(str(path), kind))
-        elif _looks_like_hub_id(spec):
+        elif _looks_like_hub_id(spec) and _kind(path.name) is None:
             sources.append(Source(spec, "hub"))
         else:
             raise ConfigError(f"{spec}: no such file or folder")
@@ -117,57 +121,177 @@ def read_records(source: Source) -> Iterator[Record]:
     source.records = count
 
 
-def _open_text(path: str) -> io.TextIOBase:
-    """Open plain, gzip or zstd text; invalid UTF-8 is replaced so it surfaces as a record error."""
+def _open_binary(path: str) -> io.RawIOBase:
+    """The decompressed bytes of a plain, gzip or zstd file."""
     if path.endswith(".gz"):
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", errors="surrogateescape")
+        return gzip.open(path, "rb")
     if path.endswith(".zst"):
+        return io.BufferedReader(_ZstdReader(path), 1 << 16)
+    return open(path, "rb")
+
+
+def _open_text(path: str) -> io.TextIOBase:
+    """Open plain, gzip or zstd text; invalid UTF-8 is kept (surrogateescape) so it surfaces as a
+    record error. A UTF-8 byte order mark is dropped; line ends are left as they are."""
+    return io.TextIOWrapper(_open_binary(path), encoding="utf-8-sig", errors="surrogateescape", newline="")
+
+
+class _ZstdReader(io.RawIOBase):
+    """Decompress zstd frames one after another; a file cut off mid-frame raises EOFError.
+
+    (``zstandard``'s own stream reader returns a silent short read on a truncated file.)
+    """
+
+    def __init__(self, path: str):
         import zstandard
 
-        raw = zstandard.ZstdDecompressor().stream_reader(open(path, "rb"))
-        return io.TextIOWrapper(raw, encoding="utf-8", errors="surrogateescape")
-    return open(path, encoding="utf-8", errors="surrogateescape")
+        self._file = open(path, "rb")
+        self._new = zstandard.ZstdDecompressor().decompressobj
+        self._error = zstandard.ZstdError
+        self._dobj = self._new()
+        self._pending = memoryview(b"")
+        self._started = False  # inside a frame: input must not end here
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while not self._pending:
+            chunk = b""
+            if self._dobj.eof:  # a frame ended; what follows starts the next one
+                chunk = self._dobj.unused_data
+                self._dobj = self._new()
+                self._started = False
+            chunk = chunk or self._file.read(1 << 20)
+            if not chunk:
+                if self._started:
+                    raise EOFError("the zstd stream ends early (was the file cut off?)")
+                return 0
+            self._started = True
+            try:
+                self._pending = memoryview(self._dobj.decompress(chunk))
+            except self._error as exc:
+                raise EOFError(f"corrupt zstd data: {exc}") from exc
+        size = min(len(buffer), len(self._pending))
+        buffer[:size] = self._pending[:size]
+        self._pending = self._pending[size:]
+        return size
+
+    def close(self) -> None:
+        self._file.close()
+        super().close()
+
+
+# Binary formats someone may have given a text suffix, by their first bytes.
+_MAGIC = {
+    b"\x1f\x8b": "it looks like gzip data: name the file .gz",
+    b"\x28\xb5\x2f\xfd": "it looks like zstd data: name the file .zst",
+    b"PAR1": "it looks like Parquet: name the file .parquet",
+    b"ARROW1": "it looks like Arrow: name the file .arrow",
+    b"\xff\xfe": "it looks like UTF-16 text: convert it to UTF-8",
+    b"\xfe\xff": "it looks like UTF-16 text: convert it to UTF-8",
+}
+
+
+def _check_text(path: str) -> None:
+    """Refuse binary data up front: a NUL byte never occurs in JSON text."""
+    try:
+        with _open_binary(path) as handle:
+            head = handle.read(4096)
+    except (OSError, EOFError):
+        return  # the reader itself reports it, with the line where it stopped
+    offset = head.find(b"\x00")
+    if offset < 0:
+        return
+    hint = next((f" ({hint})" for magic, hint in _MAGIC.items() if head.startswith(magic)), "")
+    raise InputError(f"{path}: binary data, not JSON text (a NUL byte at byte {offset}){hint}")
+
+
+def _raw_preview(text: str) -> str:
+    """Raw text for rejects.jsonl: invalid bytes as U+FFFD, at most a few hundred characters."""
+    return text[:400].encode("utf-8", "surrogateescape").decode("utf-8", "replace").rstrip("\r\n")
+
+
+def _decode_error(exc: Exception) -> str:
+    if isinstance(exc, json.JSONDecodeError):
+        return f"invalid JSON at column {exc.colno}: {exc.msg}"
+    if isinstance(exc, RecursionError):
+        return "JSON nested too deeply to decode"
+    return f"invalid JSON: {str(exc)[:120]}"  # e.g. an integer of more than 4300 digits
+
+
+def _lone_surrogate(data: Any) -> bool:
+    """True if a decoded string holds half of a UTF-16 pair (from an escape such as \\ud800)."""
+    try:
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    except (ValueError, RecursionError):
+        return False
+    return False
+
+
+LONE_SURROGATE = "a string holds an unpaired UTF-16 surrogate escape (such as \\ud800), which is not text"
 
 
 def _read_jsonl(path: str) -> Iterator[Record]:
+    _check_text(path)
     index = 0
+    line_no = 0
+    offset = 0  # bytes of (decompressed) text read so far
     try:
         with _open_text(path) as handle:
             for line_no, line in enumerate(handle, start=1):
+                start = offset
+                try:
+                    offset += len(line.encode("utf-8"))
+                except UnicodeEncodeError as exc:
+                    offset += len(line.encode("utf-8", "surrogateescape"))
+                    byte = start + len(line[: exc.start].encode("utf-8", "surrogateescape"))
+                    yield Record(path, index, line_no, _raw_preview(line), f"invalid UTF-8 at byte {byte}")
+                    index += 1
+                    continue
                 if not line.strip():
                     continue
                 try:
-                    line.encode("utf-8")
-                except UnicodeEncodeError:
-                    yield Record(path, index, line_no, error="invalid UTF-8")
-                    index += 1
-                    continue
-                try:
                     data = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    yield Record(path, index, line_no, error=f"invalid JSON at column {exc.colno}: {exc.msg}")
+                except (ValueError, RecursionError) as exc:
+                    yield Record(path, index, line_no, _raw_preview(line), _decode_error(exc))
                 else:
-                    yield Record(path, index, line_no, data=data)
+                    if "\\u" in line and _lone_surrogate(data):
+                        yield Record(path, index, line_no, _raw_preview(line), LONE_SURROGATE)
+                    else:
+                        yield Record(path, index, line_no, data=data)
                 index += 1
     except (OSError, EOFError) as exc:
-        raise InputError(f"{path}: cannot read after {index} records: {exc}") from exc
+        raise InputError(
+            f"{path}: cannot read past line {line_no} (byte {offset} of the decompressed text, "
+            f"after {index} records): {exc}"
+            if line_no
+            else f"{path}: cannot read from the start (byte 0): {exc}"
+        ) from exc
 
 
 def _read_json(path: str) -> Iterator[Record]:
+    _check_text(path)
     try:
         with _open_text(path) as handle:
             text = handle.read()
     except (OSError, EOFError) as exc:
         raise InputError(f"{path}: cannot read: {exc}") from exc
+    if not text.strip():
+        raise InputError(f"{path}: the file is empty; a .json input holds a JSON array of records")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise InputError(f"{path}: invalid UTF-8 at character {exc.start}") from exc
+        byte = len(text[: exc.start].encode("utf-8", "surrogateescape"))
+        line = text.count("\n", 0, exc.start) + 1
+        raise InputError(f"{path}: invalid UTF-8 at byte {byte} (line {line})") from exc
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         hint = ""
-        if exc.pos >= len(text.rstrip()):
+        if exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated string"):  # both: EOF reached
             hint = " (the file ends early: was it cut off?)"
         elif text.lstrip().startswith("{") and "\n{" in text:
             hint = " (one JSON object per line? name the file .jsonl)"
@@ -175,18 +299,36 @@ def _read_json(path: str) -> Iterator[Record]:
             f"{path}: not valid JSON at line {exc.lineno}, column {exc.colno} "
             f"(character {exc.pos}): {exc.msg}{hint}"
         ) from exc
+    except (ValueError, RecursionError) as exc:
+        raise InputError(f"{path}: cannot decode: {_decode_error(exc)}") from exc
     if isinstance(data, dict):
         data = [data]
     if not isinstance(data, list):
-        raise InputError(f"{path}: expected a JSON array of records, found {type(data).__name__}")
+        raise InputError(f"{path}: expected a JSON array of records, found a JSON {_json_type(data)}")
+    check = "\\u" in text
     for index, item in enumerate(data):
-        yield Record(path, index, None, data=item)
+        if check and _lone_surrogate(item):
+            yield Record(path, index, None, _raw_preview(json.dumps(item)), LONE_SURROGATE)
+        else:
+            yield Record(path, index, None, data=item)
+
+
+def _json_type(value: Any) -> str:
+    return {bool: "boolean", int: "number", float: "number", str: "string"}.get(type(value), type(value).__name__)
 
 
 def _read_table_batches(path: str, batches: Iterator[Any]) -> Iterator[Record]:
     index = 0
-    for batch in batches:
-        for row in batch.to_pylist():
+    batches = iter(batches)
+    while True:
+        try:  # a corrupt page surfaces here, mid-file
+            batch = next(batches, None)
+            rows = None if batch is None else batch.to_pylist()
+        except Exception as exc:  # pyarrow raises OSError, ArrowInvalid, ...
+            raise InputError(f"{path}: cannot read past record {index}: {str(exc).strip()}") from exc
+        if rows is None:
+            return
+        for row in rows:
             yield Record(path, index, None, data=row)
             index += 1
 

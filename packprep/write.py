@@ -58,6 +58,8 @@ class OutputFolder:
         if self.final.exists() and not self.final.is_dir():
             raise ConfigError(f"{self.final} exists and is not a folder")
         parent = self.final.parent
+        if parent.exists() and not parent.is_dir():
+            raise ConfigError(f"{parent} is a file, not a folder; choose another --output")
         if not parent.is_dir():
             raise ConfigError(f"{parent} does not exist; create it first")
         if not os.access(parent, os.W_OK | os.X_OK):
