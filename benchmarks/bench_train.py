@@ -16,7 +16,8 @@ samples in each mode (AdamW, one optimizer step per batch, loss normalised per s
   <packed mode>_xK  K packed rows a step, concatenated by collate_packed into one (1, K*max-len) batch
 
 Reports supervised tokens/s, time per epoch, optimizer steps, peak GPU memory and ratios to
-padding.  Samples come from a synthetic lognormal length distribution (--data lognormal) or
+padding.  With --data shards:DIR the packed modes train on the rows of a real packprep output
+folder (packprep.pack) and the padding modes on the same conversations unpacked.  Samples come from a synthetic lognormal length distribution (--data lognormal) or
 from the fixture conversations tokenized with the llama3 tokenizer (--data fixtures:PATH.npz,
 made on a machine with the fixtures by --dump-fixtures).  --exactness runs the packed-vs-alone
 check in bf16 on the GPU with the real kernels instead of the timing.
@@ -325,8 +326,14 @@ def run_benchmark(args, pt):
     import torch
 
     rng = np.random.default_rng(args.seed)
+    shards = None
     if args.data == "lognormal":
         samples = lognormal_samples(args.n_samples, args.max_len, args.seed)
+    elif args.data.startswith("shards:"):  # a real packprep output folder (packprep.pack)
+        shards = pt.PackedDataset(args.data.split(":", 1)[1])
+        rows = [shards[i] for i in range(len(shards))]
+        samples = [(s["input_ids"], s["labels"]) for s in pt.unpack_rows(rows)]
+        args.max_len = int(shards.max_len or args.max_len)
     else:
         samples = fixture_samples(args.data.split(":", 1)[1])
         if args.n_samples and args.n_samples < len(samples):
@@ -357,6 +364,11 @@ def run_benchmark(args, pt):
             plan[m] = ("sdpa", padded_batches(pt, samples, pad_bs, False, np.random.default_rng(args.seed)))
         elif m == "grouped":
             plan[m] = ("sdpa", padded_batches(pt, samples, pad_bs, True, np.random.default_rng(args.seed)))
+        elif base in ("packed_sdpa", "packed_varlen") and shards is not None:  # the shards' own rows
+            order = [int(i) for i in np.random.default_rng(args.seed).permutation(len(shards))]
+            plan[m] = ("sdpa" if base == "packed_sdpa" else varlen,
+                       [pt.collate_packed([shards[i] for i in order[j:j + rows_per_step]])
+                        for j in range(0, len(order), rows_per_step)])
         elif base in ("packed_sdpa", "packed_varlen"):
             plan[m] = ("sdpa" if base == "packed_sdpa" else varlen,
                        packed_batches(pt, samples, ffd_bins, args.max_len, "ffd", np.random.default_rng(args.seed), tmp,
@@ -367,7 +379,9 @@ def run_benchmark(args, pt):
                                               tmp, rows_per_step))
         else:
             raise SystemExit(f"unknown mode {m}")
-    print(f"batches built in {time.perf_counter() - t0:.1f}s (padding batch {pad_bs}, FFD rows {len(ffd_bins)})", flush=True)
+    n_rows = len(shards) if shards is not None else len(ffd_bins)
+    print(f"batches built in {time.perf_counter() - t0:.1f}s (padding batch {pad_bs}, "
+          f"{'shard' if shards is not None else 'FFD'} rows {n_rows})", flush=True)
 
     model = build_model("sdpa", args.layers)
     n_params = sum(p.numel() for p in model.parameters())
@@ -481,7 +495,8 @@ def run_exactness(args, pt):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", default="lognormal", help="lognormal | fixtures:PATH.npz")
+    p.add_argument("--data", default="lognormal",
+                   help="lognormal | fixtures:PATH.npz | shards:DIR (a packprep output folder; packed modes use its rows)")
     p.add_argument("--n-samples", type=int, default=2000)
     p.add_argument("--max-len", type=int, default=4096)
     p.add_argument("--pad-batch", type=int, default=0, help="padding batch size (0: 8 on >120 GiB GPUs, else 4)")
