@@ -15,7 +15,7 @@ from packprep.normalize import detect_format, normalize
 from packprep.read import resolve_inputs, read_records
 from packprep.tokenize import ChatEncoder, load_tokenizer
 
-from .conftest import EXAMPLE_CHATS, EXAMPLE_TOKENIZER
+from .conftest import CONVERSATIONS, EXAMPLE_CHATS, EXAMPLE_TOKENIZER, fixture_tokenizer, needs_fixtures
 
 TOKENIZER = str(EXAMPLE_TOKENIZER)
 
@@ -235,3 +235,17 @@ def test_formats_openai_alpaca_text_and_parquet_input(tmp_path):
             by_source[source] = row["labels"][start : start + length]
             start += length
     assert all(label != -100 for label in by_source[2][1:]), "text records train on every token"
+
+
+@needs_fixtures
+@pytest.mark.parametrize("tokenizer_name", ["llama3", "qwen2.5"])
+def test_packs_every_fixture_file_with_real_tokenizers(tmp_path, tokenizer_name):
+    inputs = sorted(str(p) for p in CONVERSATIONS.iterdir() if p.suffix in (".json", ".jsonl"))
+    manifest = packprep.pack(inputs, tmp_path / "out", fixture_tokenizer(tokenizer_name), max_len=4096, num_proc=2)
+    assert_contract(tmp_path / "out", 4096, manifest["counts"]["records"])
+    assert packprep.verify(tmp_path / "out").ok
+    counts = manifest["counts"]
+    assert counts["records"] == 2400
+    assert counts["rejected_by_reason"]["no_assistant_turn"] == 195  # the DPO demo's prompts end on a human turn
+    assert counts["truncated"] > 0  # medicalgpt holds conversations of up to 37,793 tokens
+    assert manifest["efficiency"] > 0.99
