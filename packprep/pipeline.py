@@ -243,13 +243,7 @@ def _batches(iterable: Iterable, size: int) -> Iterator[list]:
         yield batch
 
 
-_WORKER_ENCODER: ChatEncoder | None = None
-
-
-def _worker_init(tokenizer: str, train_on: str, backend: str = "auto") -> None:
-    global _WORKER_ENCODER
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    _WORKER_ENCODER = ChatEncoder(load_tokenizer(tokenizer), train_on, backend)
+_WORKER_ENCODER: ChatEncoder | None = None  # set before forking: workers inherit the loaded encoder
 
 
 def _worker_encode(conversations: list[Conversation]) -> list:
@@ -296,10 +290,21 @@ def _encode(batches, encoder, tokenizer, config, num_proc, engine, ray_address):
         for batch in batches:
             yield batch, encoder.encode([c for _, _, c in batch])
     else:
-        context = multiprocessing.get_context("fork")
-        backend = "hf" if encoder.backend_name == "hf" else config.tokenizer_backend  # warn once, in the parent
-        with ProcessPoolExecutor(num_proc, context, _worker_init, (tokenizer, config.train_on, backend)) as pool:
-            yield from _ordered_map(pool, batches, num_proc * 4)
+        # Forked workers inherit the parent's encoder: no second tokenizer load or tiktoken build.
+        # Each worker tokenizes on one thread; the processes are the parallelism.
+        global _WORKER_ENCODER
+        _WORKER_ENCODER = encoder
+        saved = os.environ.get("TOKENIZERS_PARALLELISM")
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        try:
+            with ProcessPoolExecutor(num_proc, multiprocessing.get_context("fork")) as pool:
+                yield from _ordered_map(pool, batches, num_proc * 4)
+        finally:
+            _WORKER_ENCODER = None
+            if saved is None:
+                os.environ.pop("TOKENIZERS_PARALLELISM", None)
+            else:
+                os.environ["TOKENIZERS_PARALLELISM"] = saved
 
 
 def _ordered_map(pool, batches, in_flight: int):

@@ -25,6 +25,7 @@ causal attention, cannot influence any trained token.
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -34,6 +35,8 @@ from .errors import ConfigError
 from .normalize import Conversation, Rejected
 
 TRAIN_ON = ("assistant", "last", "all")
+BACKENDS = ("auto", "hf", "tiktoken")
+GUARD_CHARS = 200_000  # the first texts encoded are also encoded by HF and compared, up to this many characters
 IGNORE_INDEX = -100
 
 
@@ -104,16 +107,49 @@ class Rendered:
 
 
 class ChatEncoder:
-    """Renders and tokenizes conversations in batches; one tokenizer call per batch."""
+    """Renders and tokenizes conversations in batches; one tokenizer call per batch.
 
-    def __init__(self, tokenizer, train_on: str = "assistant"):
+    ``backend``: "hf" (the tokenizer itself), "tiktoken" (an exact tiktoken copy of a byte-level BPE
+    tokenizer, see tiktoken_backend; ConfigError if none can be made) or "auto" (tiktoken when it can
+    be made and agrees with HF on a built-in sample, else HF with a warning). On the tiktoken path the
+    first texts encoded (``GUARD_CHARS``) are checked against HF too, ids and labels; on a difference
+    the encoder switches to HF for good. Either way the output is what HF alone would give.
+    ``backend_name`` is the backend in use.
+    """
+
+    def __init__(self, tokenizer, train_on: str = "assistant", backend: str = "auto"):
         if train_on not in TRAIN_ON:
             raise ConfigError(f"--train-on must be one of {TRAIN_ON}, not {train_on!r}")
+        if backend not in BACKENDS:
+            raise ConfigError(f"--tokenizer-backend must be one of {BACKENDS}, not {backend!r}")
         self.tokenizer = tokenizer
         self.train_on = train_on
         self.template = ChatTemplate(tokenizer)
         self._backend = tokenizer.backend_tokenizer if hasattr(tokenizer, "backend_tokenizer") else None
         self.eos_token_id = tokenizer.eos_token_id
+        self.requested_backend = backend
+        self._fast = None
+        self._guard_chars = GUARD_CHARS
+        if backend != "hf":
+            from .tiktoken_backend import TiktokenBackend, check_equivalence, guard_sample
+
+            fast, reason = TiktokenBackend.from_hf(tokenizer)
+            problem = check_equivalence(tokenizer, fast, guard_sample(tokenizer)) if fast else None
+            if problem:
+                fast, reason = None, f"it differs from the tokenizer on the built-in sample: {problem}"
+            if fast is None:
+                self._refuse_tiktoken(reason)
+            self._fast = fast
+
+    @property
+    def backend_name(self) -> str:
+        return "tiktoken" if self._fast is not None else "hf"
+
+    def _refuse_tiktoken(self, reason: str) -> None:
+        self._fast = None
+        if self.requested_backend == "tiktoken":
+            raise ConfigError(f"--tokenizer-backend tiktoken is not possible with this tokenizer: {reason}")
+        warnings.warn(f"tokenizing with Hugging Face tokenizers, not tiktoken: {reason}", stacklevel=3)
 
     @property
     def has_template(self) -> bool:
@@ -174,17 +210,8 @@ class ChatEncoder:
         return results
 
     def _tokenize(self, rendered: list[Rendered]) -> list[Encoded | Rejected]:
-        chats = [r for r in rendered if not r.add_special_tokens]
-        texts = [r for r in rendered if r.add_special_tokens]
-        encodings = {}
-        for group, special in ((chats, False), (texts, True)):
-            if group:
-                batch = self._backend.encode_batch([r.text for r in group], add_special_tokens=special)
-                encodings.update({id(r): e for r, e in zip(group, batch)})
         out: list[Encoded | Rejected] = []
-        for r in rendered:
-            encoding = encodings[id(r)]
-            ids = np.asarray(encoding.ids, dtype=np.int32)
+        for r, (ids, cuts) in zip(rendered, self._ids_and_cuts(rendered)):
             if r.train_all:
                 if r.add_special_tokens and self.eos_token_id is not None and (
                     len(ids) == 0 or ids[-1] != self.eos_token_id
@@ -193,9 +220,7 @@ class ChatEncoder:
                 labels = ids.copy()
             else:
                 labels = np.full(len(ids), IGNORE_INDEX, dtype=np.int32)
-                for start, stop in r.spans:
-                    first = _first_token_at_or_after(encoding, start, len(ids), len(r.text))
-                    last = _first_token_at_or_after(encoding, stop, len(ids), len(r.text))
+                for first, last in zip(cuts[::2], cuts[1::2]):
                     labels[first:last] = ids[first:last]
             if len(ids) == 0:
                 out.append(Rejected("renders to no tokens", "empty"))
@@ -204,6 +229,40 @@ class ChatEncoder:
             else:
                 out.append(Encoded(ids, labels, r.turns_not_located))
         return out
+
+    def _ids_and_cuts(self, rendered: list[Rendered]) -> list[tuple[np.ndarray, list[int]]]:
+        """Token ids of each text, and the first token at or after each span boundary (start, stop, ...)."""
+        results = self._encode(rendered, self._fast)
+        if self._fast is not None and self._guard_chars > 0:
+            n = 0
+            while n < len(rendered) and self._guard_chars > 0:
+                self._guard_chars -= len(rendered[n].text)
+                n += 1
+            expected = self._encode(rendered[:n], None)
+            for r, want, got in zip(rendered, expected, results):
+                if not (np.array_equal(want[0], got[0]) and list(want[1]) == list(got[1])):
+                    self._refuse_tiktoken(f"it tokenizes this text differently from HF: {r.text[:60]!r}")
+                    return expected + self._encode(rendered[n:], None)
+        return results
+
+    def _encode(self, rendered: list[Rendered], fast) -> list[tuple[np.ndarray, list[int]]]:
+        results: list[Any] = [None] * len(rendered)
+        on_fast = [fast is not None and fast.can_encode(r.text) for r in rendered]
+        for special, use_fast in ((False, True), (False, False), (True, True), (True, False)):
+            group = [i for i, r in enumerate(rendered) if r.add_special_tokens == special and on_fast[i] == use_fast]
+            if not group:
+                continue
+            texts = [rendered[i].text for i in group]
+            if use_fast:
+                for i, (ids, starts) in zip(group, fast.encode_batch(texts, add_special_tokens=special)):
+                    bounds = [c for span in rendered[i].spans for c in span]
+                    results[i] = (ids, fast.first_tokens_at_or_after(starts, rendered[i].text, bounds).tolist())
+            else:
+                for i, encoding in zip(group, self._backend.encode_batch(texts, add_special_tokens=special)):
+                    ids, n = np.asarray(encoding.ids, dtype=np.int32), len(rendered[i].text)
+                    bounds = [c for span in rendered[i].spans for c in span]
+                    results[i] = (ids, [_first_token_at_or_after(encoding, c, len(ids), n) for c in bounds])
+        return results
 
 
 def _first_token_at_or_after(encoding, char: int, n_tokens: int, text_length: int) -> int:

@@ -1,0 +1,140 @@
+"""The tiktoken fast path gives exactly what the Hugging Face tokenizer gives, or is not used."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import packprep
+from packprep import tiktoken_backend
+from packprep.errors import ConfigError
+from packprep.normalize import Conversation, Rejected
+from packprep.tiktoken_backend import TiktokenBackend, check_equivalence, guard_sample
+from packprep.tokenize import ChatEncoder, Encoded, load_tokenizer
+
+from .conftest import CONVERSATIONS, fixture_tokenizer, needs_fixtures
+from .test_labels_reference import FILES, conversations
+
+BYTE_LEVEL = ["llama3", "qwen2.5", "gpt2"]
+SENTENCEPIECE = ["mistral-7b-v0.1", "llama2"]
+
+
+@pytest.fixture(scope="module")
+def tokenizers():
+    return {}
+
+
+def tokenizer(cache, name):
+    if name not in cache:
+        cache[name] = load_tokenizer(fixture_tokenizer(name))
+    return cache[name]
+
+
+def assert_same(expected, got):
+    assert len(expected) == len(got)
+    for a, b in zip(expected, got):
+        assert type(a) is type(b)
+        if isinstance(a, Encoded):
+            np.testing.assert_array_equal(a.input_ids, b.input_ids)
+            np.testing.assert_array_equal(a.labels, b.labels)
+            assert a.turns_not_located == b.turns_not_located
+        else:
+            assert (str(a), a.code) == (str(b), b.code)
+
+
+@needs_fixtures
+@pytest.mark.parametrize("name", BYTE_LEVEL)
+def test_ids_and_labels_equal_hf_on_every_fixture_file(tokenizers, name):
+    tok = tokenizer(tokenizers, name)
+    hf, fast = ChatEncoder(tok, backend="hf"), ChatEncoder(tok, backend="tiktoken")
+    assert (hf.backend_name, fast.backend_name) == ("hf", "tiktoken")
+    non_nfc = Conversation(messages=[{"role": "user", "content": "Cafe\u0301 ?"},  # decomposed: left to HF
+                                     {"role": "assistant", "content": "e\u0301 \u212b \u00e9 中文"}])
+    plain = Conversation(text="Plain text is trained on every token, with BOS/EOS as the tokenizer adds them. 你好")
+    assert_same(hf.encode([non_nfc, plain]), fast.encode([non_nfc, plain]))
+    for file in FILES:  # rendering does not depend on the backend: render once, tokenize both ways
+        rendered = []
+        for conversation in conversations(file):
+            try:
+                rendered.append(hf.render(conversation))
+            except Rejected:
+                pass
+        for start in range(0, len(rendered), 256):
+            batch = rendered[start : start + 256]
+            assert_same(hf._tokenize(batch), fast._tokenize(batch))
+    assert fast.backend_name == "tiktoken", "the runtime guard found no difference"
+
+
+@needs_fixtures
+def test_pack_writes_the_same_shards_with_either_backend(tmp_path):
+    source = str(CONVERSATIONS / "llamafactory_glaive_toolcall_en_demo.json")
+    outputs = {}
+    for backend in ("hf", "tiktoken"):
+        manifest = packprep.pack(source, tmp_path / backend, fixture_tokenizer("qwen2.5"), max_len=2048,
+                                 num_proc=1, tokenizer_backend=backend)
+        assert manifest["tokenizer"]["backend"] == backend
+        outputs[backend] = {p.relative_to(tmp_path / backend): p.read_bytes()
+                            for p in sorted((tmp_path / backend / "data").rglob("*")) if p.is_file()}
+    assert outputs["hf"] and outputs["hf"] == outputs["tiktoken"]
+
+
+@needs_fixtures
+@pytest.mark.parametrize("name", SENTENCEPIECE)
+def test_sentencepiece_tokenizers_are_not_eligible(tokenizers, name):
+    tok = tokenizer(tokenizers, name)
+    backend, reason = TiktokenBackend.from_hf(tok)
+    assert backend is None and "normalizer" in reason
+    with pytest.warns(UserWarning, match="not tiktoken: normalizer"):
+        assert ChatEncoder(tok).backend_name == "hf"
+    with pytest.raises(ConfigError, match="tiktoken is not possible"):
+        ChatEncoder(tok, backend="tiktoken")
+
+
+def swap_ranks(monkeypatch, a: bytes, b: bytes):
+    original = tiktoken_backend._ranks
+
+    def broken(*args):
+        ranks = original(*args)
+        ranks[a], ranks[b] = ranks[b], ranks[a]
+        return ranks
+
+    monkeypatch.setattr(tiktoken_backend, "_ranks", broken)
+
+
+@needs_fixtures
+def test_the_start_guard_catches_a_broken_conversion(tokenizers, monkeypatch):
+    tok = tokenizer(tokenizers, "gpt2")
+    swap_ranks(monkeypatch, b"Hello", b" world")
+    backend, _ = TiktokenBackend.from_hf(tok)
+    assert "token 0 is [15496" in check_equivalence(tok, backend, guard_sample(tok))
+    with pytest.warns(UserWarning, match="differs from the tokenizer on the built-in sample"):
+        assert ChatEncoder(tok).backend_name == "hf"
+    with pytest.raises(ConfigError, match="differs"):
+        ChatEncoder(tok, backend="tiktoken")
+
+
+@needs_fixtures
+def test_the_data_guard_catches_what_the_sample_missed(tokenizers, monkeypatch):
+    tok = tokenizer(tokenizers, "gpt2")
+    swap_ranks(monkeypatch, b" Paris", b" London")
+    monkeypatch.setattr(tiktoken_backend, "guard_sample", lambda tokenizer: ["nothing to see"])
+    encoder = ChatEncoder(tok)
+    assert encoder.backend_name == "tiktoken"
+    batch = [Conversation(messages=[{"role": "user", "content": "Capital?"},
+                                    {"role": "assistant", "content": "It is Paris."}])]
+    with pytest.warns(UserWarning, match="tokenizes this text differently"):
+        got = encoder.encode(batch)
+    assert encoder.backend_name == "hf"
+    assert_same(ChatEncoder(tok, backend="hf").encode(batch), got)
+
+
+@needs_fixtures
+def test_byte_offsets_place_character_positions(tokenizers):
+    backend, _ = TiktokenBackend.from_hf(tokenizer(tokenizers, "llama3"))
+    text = "ab 你好 <|eot_id|>x"
+    (ids, starts), = backend.encode_batch([text])
+    assert starts[0] == 0 and starts[-1] == len(text[:-1].encode())
+    for char in range(len(text) + 1):
+        first = backend.first_token_at_or_after(starts, text, char)
+        assert all(s < len(text[:char].encode()) for s in starts[:first])
+        assert all(s >= len(text[:char].encode()) for s in starts[first:])
