@@ -32,7 +32,8 @@ OVERLONG = ("truncate", "drop", "split")
 ENGINES = ("local", "ray")
 ON_ERROR = ("skip", "fail")
 # What became of each input record (the manifest counts these; verify checks they add up).
-PACKED, TRUNCATED, SPLIT, REJECTED = "packed", "truncated", "split", "rejected"
+FATES = ("packed", "truncated", "split", "rejected")
+PACKED, TRUNCATED, SPLIT, REJECTED = range(len(FATES))
 
 
 @dataclass
@@ -144,7 +145,7 @@ class Ledger:
     def __init__(self, config: PackConfig, rejects_path=None):
         self.config = config
         self.rejects_path = rejects_path  # None: count only (stats)
-        self.status: list[str] = []
+        self.status = bytearray()  # the FATES index of each record: one byte a record
         self.reasons: Counter = Counter()
         self.turns_not_located = 0
         self._handle = None
@@ -393,7 +394,8 @@ def _segments(bins: Bins, store: TokenStore) -> Segments:
 
 
 def _manifest(config, sources, formats, tok, tokenizer, ledger, store, segments, shards, backend="hf") -> dict:
-    status = Counter(ledger.status)
+    status = np.bincount(np.frombuffer(bytes(ledger.status), dtype=np.uint8), minlength=len(FATES))
+    fates = {fate: int(status[code]) for code, fate in enumerate(FATES)}
     row_lengths = segments.row_lengths()
     tokens = int(row_lengths.sum())
     rows = int(len(row_lengths))
@@ -410,10 +412,7 @@ def _manifest(config, sources, formats, tok, tokenizer, ledger, store, segments,
         "tokenizer": {**tokenizer_fingerprint(tok, tokenizer), "backend": backend},
         "counts": {
             "records": len(ledger.status),
-            PACKED: status[PACKED],
-            TRUNCATED: status[TRUNCATED],
-            SPLIT: status[SPLIT],
-            REJECTED: status[REJECTED],
+            **fates,
             "rejected_by_reason": dict(sorted(ledger.reasons.items())),
             "turns_not_located": ledger.turns_not_located,
         },

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -91,19 +92,22 @@ def verify(folder: str | Path, check_hashes: bool = True) -> Report:
             continue
         if check_hashes and file_sha256(path) != shard["sha256"]:
             report.failures.append(Failure("shard_file", "sha256 differs from the manifest", shard["path"]))
-        table = _read_shard(path, report, shard["path"])
-        if table is None:
-            complete = False
-            continue
-        if table.num_rows != shard["rows"]:
-            report.failures.append(
-                Failure("shard_file", f"{table.num_rows} rows, manifest says {shard['rows']}", shard["path"])
+        shard_rows = 0
+        for table in _shard_tables(path, report, shard["path"]):  # one row group at a time: bounded memory
+            checked = None if table is None else _check_rows(
+                table, shard["path"], max_len, may_exceed, seen, report, first_row=shard_rows
             )
-        checked = _check_rows(table, shard["path"], max_len, may_exceed, seen, report)
-        if checked is None:
-            complete = False
+            if checked is None:
+                break
+            shard_rows += table.num_rows
+            supervised += checked
+        else:
+            if shard_rows != shard["rows"]:
+                report.failures.append(
+                    Failure("shard_file", f"{shard_rows} rows, manifest says {shard['rows']}", shard["path"])
+                )
             continue
-        supervised += checked
+        complete = False
     indices_valid = not any(f.check == "source_index" for f in report.failures)
     _check_coverage(folder, manifest, seen, report, judge_packed=complete and indices_valid)
     _check_counts(manifest, report, supervised if complete else None)
@@ -126,25 +130,32 @@ def _load_manifest(folder: Path, report: Report) -> dict | None:
     return None if errors else manifest
 
 
-def _read_shard(path: Path, report: Report, name: str) -> pa.Table | None:
+def _shard_tables(path: Path, report: Report, name: str) -> Iterator[pa.Table | None]:
+    """The shard's rows, one row group (Parquet) or record batch (Arrow) at a time; None (after
+    recording why) where it cannot be read or has the wrong schema."""
     try:
         if path.suffix == ".parquet":
             import pyarrow.parquet as pq
 
-            table = pq.read_table(path)
+            parquet = pq.ParquetFile(path)
+            schema = parquet.schema_arrow
+            chunks = (parquet.read_row_group(i) for i in range(parquet.num_row_groups))
         else:
-            with pa.memory_map(str(path)) as source:
-                table = pa.ipc.open_stream(source).read_all()
+            reader = pa.ipc.open_stream(pa.memory_map(str(path)))
+            schema = reader.schema
+            chunks = (pa.Table.from_batches([batch], schema) for batch in reader)
+        if not schema.equals(ROW_SCHEMA):
+            report.failures.append(
+                Failure("schema", f"columns {schema.to_string(show_schema_metadata=False)!r} "
+                        f"differ from packed_row.schema.json", name)
+            )
+            yield None
+            return
+        for table in chunks:
+            yield table.combine_chunks()
     except Exception as exc:
         report.failures.append(Failure("shard_file", f"unreadable: {exc}", name))
-        return None
-    if not table.schema.equals(ROW_SCHEMA):
-        report.failures.append(
-            Failure("schema", f"columns {table.schema.to_string(show_schema_metadata=False)!r} "
-                    f"differ from packed_row.schema.json", name)
-        )
-        return None
-    return table.combine_chunks()
+        yield None
 
 
 def _flat(table: pa.Table, column: str) -> tuple[np.ndarray, np.ndarray]:
@@ -160,14 +171,14 @@ def _first_row(offsets: np.ndarray, bad_positions: np.ndarray) -> int:
     return int(np.searchsorted(offsets, bad_positions[0], side="right") - 1)
 
 
-def _check_rows(table, name, max_len, may_exceed, seen, report) -> int | None:
+def _check_rows(table, name, max_len, may_exceed, seen, report, first_row: int = 0) -> int | None:
     """Check every row of one shard; return its supervised tokens, or None if its rows are malformed."""
     ids, tok_off = _flat(table, "input_ids")
     labels, lab_off = _flat(table, "labels")
     pos, pos_off = _flat(table, "position_ids")
     seq_lens, seq_off = _flat(table, "seq_lens")
     sources, src_off = _flat(table, "source_index")
-    fail = lambda check, row, message: report.failures.append(Failure(check, message, name, row))  # noqa: E731
+    fail = lambda check, row, message: report.failures.append(Failure(check, message, name, first_row + row))  # noqa: E731
 
     row_len = np.diff(tok_off)
     seq_cumsum = np.concatenate([[0], np.cumsum(seq_lens, dtype=np.int64)])

@@ -1,0 +1,330 @@
+"""End-to-end scale benchmark: wall time per stage, tokens/s and peak memory of ``packprep pack``.
+
+    python benchmarks/bench_scale.py                      # 1,000,000 conversations, example tokenizer
+    python benchmarks/bench_scale.py --n 100000 --n 300000 --num-proc 1 --num-proc 2
+    python benchmarks/bench_scale.py --n 100000 --tokenizer ../shared/fixtures/tokenizers/llama3
+
+For each size it writes N synthetic ShareGPT conversations (multi-turn, lognormal turn lengths,
+Zipf-distributed words; generated with numpy in seconds) to a temporary folder, then runs
+
+    /usr/bin/time -v python benchmarks/bench_scale.py _timed pack DATA.jsonl -t TOK -o OUT -q ...
+
+for every ``--num-proc``: that is ``python -m packprep pack`` with timers wrapped around the
+pipeline's stages (read+tokenize, pack, write, verify; the rest — tokenizer load, format detection,
+input hashing, manifest — is "other"). ``/usr/bin/time -v`` reports the peak RSS of the largest
+single process (the driver); a sampler thread also records the peak of the driver plus its worker
+processes, counted as PSS (proportional set size) so pages that forked workers share with the
+driver are not counted twice. Results: one Markdown table on stdout (and ``--json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE_TOKENIZER = REPO / "examples" / "tokenizer"
+
+# ---------------------------------------------------------------------------- synthetic data
+
+_SYLLABLES = (
+    "a an ar at be ca co de di el en er es fo ga he in is it ka la le li lo ma me mi mo na ne no "
+    "on or pa pe po ra re ri ro sa se si so st ta te ti to tu un ur va ve wa we"
+).split()
+_COMMON = (
+    "the of and to in is that for it as with was on be by this are or from at an which not have "
+    "you can we model data training function value code example use if will so one more when"
+).split()
+_PUNCT = [".", ",", "?", "!", ":", ";", "\n\n", "\n- "]
+
+
+def _vocabulary(rng, size: int = 20000) -> list[str]:
+    """Pseudo-words: the common English words first, then syllable compounds (Zipf ranks)."""
+    import numpy as np
+
+    words = list(_COMMON)
+    seen = set(words)
+    lengths = rng.integers(1, 5, size=size * 2)
+    picks = rng.integers(0, len(_SYLLABLES), size=(size * 2, 4))
+    for n, row in zip(lengths.tolist(), picks.tolist()):
+        word = "".join(_SYLLABLES[i] for i in row[:n])
+        if word not in seen:
+            seen.add(word)
+            words.append(word)
+        if len(words) >= size:
+            break
+    # some numbers and identifiers, as chats about code and arithmetic have
+    words += [str(v) for v in rng.integers(0, 100000, size=500).tolist()]
+    words += [f"{a}_{b}" for a, b in zip(rng.choice(words[:2000], 300), rng.choice(words[:2000], 300))]
+    return [w for w in np.asarray(words, dtype=object)]
+
+
+def _corpus(rng, words: list[str], n_words: int) -> tuple[str, "np.ndarray"]:
+    """A long text of Zipf-distributed words with punctuation; returns it and its word starts."""
+    import numpy as np
+
+    weights = 1.0 / np.arange(1, len(words) + 1) ** 1.05  # Zipf's law, bounded to the vocabulary
+    ranks = rng.choice(len(words), size=n_words, p=weights / weights.sum())
+    tokens = np.asarray(words, dtype=object)[ranks]
+    punct = rng.random(n_words) < 0.08
+    marks = np.asarray(_PUNCT, dtype=object)[rng.integers(0, len(_PUNCT), size=n_words)]
+    pieces = np.where(punct, tokens + marks, tokens)
+    lengths = np.fromiter((len(p) for p in pieces.tolist()), dtype=np.int64, count=n_words) + 1
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    return " ".join(pieces.tolist()) + " ", starts
+
+
+def generate(path: Path, n: int, seed: int = 0) -> dict:
+    """Write ``n`` ShareGPT conversations to ``path``; return a summary."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    words = _vocabulary(rng)
+    corpus, starts = _corpus(rng, words, 4_000_000)
+    n_words = len(starts)
+    exchanges = 1 + np.minimum(rng.poisson(1.0, size=n), 7)  # 1..8 user/assistant pairs, mean 2
+    total_turns = int(exchanges.sum()) * 2
+    is_user = np.tile([True, False], total_turns // 2)
+    # lognormal turn lengths in words: user ~ median 16, assistant ~ median 55, long tails
+    user_len = rng.lognormal(2.8, 1.0, size=total_turns)
+    bot_len = rng.lognormal(4.0, 1.0, size=total_turns)
+    turn_len = np.clip(np.where(is_user, user_len, bot_len), 1, 6000).astype(np.int64)
+    first = rng.integers(0, n_words - 6001, size=total_turns)
+    begin = starts[first]
+    end = starts[first + turn_len] - 1  # drop the separating space
+    system = rng.random(n) < 0.15
+    texts = [corpus[b:e] for b, e in zip(begin.tolist(), end.tolist())]
+    chars = 0
+    with open(path, "w", encoding="utf-8") as handle:
+        turn = 0
+        buffer = []
+        for i, pairs in enumerate(exchanges.tolist()):
+            record = {"conversations": []}
+            if system[i]:
+                record["system"] = "You are a helpful assistant."
+            for k in range(pairs * 2):
+                record["conversations"].append({"from": "human" if k % 2 == 0 else "gpt", "value": texts[turn]})
+                turn += 1
+            line = json.dumps(record, ensure_ascii=False)
+            chars += len(line)
+            buffer.append(line)
+            if len(buffer) >= 10000:
+                handle.write("\n".join(buffer) + "\n")
+                buffer.clear()
+        if buffer:
+            handle.write("\n".join(buffer) + "\n")
+    return {"conversations": n, "turns": total_turns, "mean_words_per_turn": float(turn_len.mean()),
+            "bytes": path.stat().st_size}
+
+
+# ---------------------------------------------------------------------------- timed run
+
+
+class _Sampler(threading.Thread):
+    """Peak of (driver + descendants) memory, as PSS where readable, else RSS; sampled every 0.1 s."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.peak_kib = 0
+        self.stop = threading.Event()
+
+    @staticmethod
+    def _children() -> dict[int, list[int]]:
+        tree: dict[int, list[int]] = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/stat") as handle:
+                        fields = handle.read().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                tree.setdefault(int(fields[1]), []).append(int(entry))
+        return tree
+
+    @staticmethod
+    def _kib(pid: int) -> int:
+        for name, key in (("smaps_rollup", "Pss:"), ("status", "VmRSS:")):
+            try:
+                with open(f"/proc/{pid}/{name}") as handle:
+                    for line in handle:
+                        if line.startswith(key):
+                            return int(line.split()[1])
+            except OSError:
+                continue
+        return 0
+
+    def run(self):
+        me = os.getpid()
+        while not self.stop.wait(0.1):
+            tree = self._children()
+            pids, todo = [], [me]
+            while todo:
+                pid = todo.pop()
+                pids.append(pid)
+                todo += tree.get(pid, [])
+            self.peak_kib = max(self.peak_kib, sum(self._kib(p) for p in pids))
+
+
+def timed_main(argv: list[str]) -> None:
+    """``python -m packprep <argv>`` with stage timers; prints one ``BENCH_STAGES {...}`` line."""
+    import importlib
+
+    pipeline = importlib.import_module("packprep.pipeline")
+    verify_module = importlib.import_module("packprep.verify")  # the module, not packprep.verify()
+
+    import resource
+
+    stages: dict[str, float] = {}
+    peak_after: dict[str, float] = {}  # the driver's peak RSS (MiB) when each stage ended: where it grew
+
+    def timer(owner, name: str, stage: str):
+        original = getattr(owner, name, None)
+        if original is None:
+            return
+
+        def wrapped(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                stages[stage] = stages.get(stage, 0.0) + time.perf_counter() - start
+                peak_after[stage] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+        setattr(owner, name, wrapped)
+
+    timer(pipeline, "_tokenize_all", "read+tokenize")
+    timer(pipeline, "_pack", "pack")
+    timer(pipeline, "_segments", "pack")
+    timer(pipeline, "write_shards", "write")
+    timer(verify_module, "verify", "verify")
+    sampler = _Sampler()
+    sampler.start()
+    start = time.perf_counter()
+    from packprep.cli import main
+
+    try:
+        main(args=argv, standalone_mode=False)
+    finally:
+        total = time.perf_counter() - start
+        sampler.stop.set()
+        sampler.join()
+        stages["other"] = total - sum(stages.values())
+        stages["total"] = total
+        print("BENCH_STAGES " + json.dumps({"stages": stages, "tree_peak_kib": sampler.peak_kib, "peak_after_mib": peak_after}), flush=True)
+
+
+def _time_binary() -> str:
+    if os.path.exists("/usr/bin/time"):
+        return "/usr/bin/time"
+    sys.exit("GNU time is needed: apt-get update && apt-get install -y time")
+
+
+def run_pack(data: Path, tokenizer: str, num_proc: int, max_len: int, workdir: Path, engine: str) -> dict:
+    out = workdir / f"packed-{num_proc}-{engine}"
+    command = [
+        _time_binary(), "-v", sys.executable, str(Path(__file__).resolve()), "_timed", "pack", str(data),
+        "-t", tokenizer, "-o", str(out), "--max-len", str(max_len), "--num-proc", str(num_proc),
+        "--engine", engine, "--overwrite", "-q",
+    ]
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"pack failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    marker = next(line for line in done.stdout.splitlines() if line.startswith("BENCH_STAGES "))
+    result = json.loads(marker[len("BENCH_STAGES "):])
+    rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr)
+    wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([\d:.]+)", done.stderr)
+    manifest = json.loads((out / "packprep.json").read_text())
+    shutil.rmtree(out)
+    parts = [float(p) for p in wall.group(1).split(":")]
+    seconds = sum(p * 60 ** i for i, p in enumerate(reversed(parts)))
+    tokens = manifest["tokens"]["total"]
+    return {
+        "num_proc": num_proc,
+        "engine": engine,
+        "wall_s": seconds,
+        "stages_s": result["stages"],
+        "tokens": tokens,
+        "rows": manifest["rows"],
+        "efficiency": manifest["efficiency"],
+        "records": manifest["counts"]["records"],
+        "tokens_per_s": tokens / seconds,
+        "tokenize_tokens_per_s": tokens / result["stages"]["read+tokenize"],
+        "max_rss_mib": int(rss.group(1)) / 1024,
+        "tree_peak_mib": result["tree_peak_kib"] / 1024,
+        "driver_peak_after_stage_mib": result.get("peak_after_mib", {}),
+    }
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "_timed":
+        timed_main(sys.argv[2:])
+        return
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n", type=int, action="append", help="conversations (repeatable) [1000000]")
+    parser.add_argument("--num-proc", type=int, action="append", help="repeatable [1 and 2]")
+    parser.add_argument("--tokenizer", default=str(EXAMPLE_TOKENIZER))
+    parser.add_argument("--max-len", type=int, default=4096)
+    parser.add_argument("--engine", default="local", choices=["local", "ray"])
+    parser.add_argument("--workdir", default=None, help="where data and output go [a temp dir, removed after]")
+    parser.add_argument("--keep-data", action="store_true")
+    parser.add_argument("--json", default=None, help="also write the results here")
+    args = parser.parse_args()
+    sizes = args.n or [1_000_000]
+    procs = args.num_proc or [1, 2]
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="packprep-bench-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    results = []
+    try:
+        for n in sizes:
+            data = workdir / f"chats-{n}.jsonl"
+            if not data.exists():
+                start = time.perf_counter()
+                summary = generate(data, n)
+                print(f"# generated {n:,} conversations ({summary['bytes'] / 1e6:,.0f} MB, "
+                      f"{summary['mean_words_per_turn']:.0f} words a turn) in {time.perf_counter() - start:.1f} s",
+                      file=sys.stderr, flush=True)
+            for num_proc in procs:
+                result = run_pack(data, args.tokenizer, num_proc, args.max_len, workdir, args.engine)
+                result.update(n=n, input_mb=data.stat().st_size / 1e6, tokenizer=Path(args.tokenizer).name)
+                results.append(result)
+                print(json.dumps(result), file=sys.stderr, flush=True)
+            if not args.keep_data:
+                data.unlink()
+    finally:
+        if not args.workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    print(table(results))
+
+
+def table(results: list[dict]) -> str:
+    lines = [
+        "| conversations | input | tokenizer | --num-proc | read+tokenize | pack | write | verify | other | "
+        "total wall | tokens | tokens/s (end to end) | peak RSS driver | peak PSS driver+workers |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        s = r["stages_s"]
+        lines.append(
+            f"| {r['n']:,} | {r['input_mb']:,.0f} MB | {r['tokenizer']} | {r['num_proc']} | "
+            f"{s.get('read+tokenize', 0):.1f} s | {s.get('pack', 0):.1f} s | {s.get('write', 0):.1f} s | "
+            f"{s.get('verify', 0):.1f} s | {s.get('other', 0):.1f} s | {r['wall_s']:.1f} s | "
+            f"{r['tokens'] / 1e6:,.1f} M | {r['tokens_per_s'] / 1e3:,.0f} k | {r['max_rss_mib']:,.0f} MiB | "
+            f"{r['tree_peak_mib']:,.0f} MiB |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Execution engines other than the local process pool (see ``packprep.engines.ray``)."""
