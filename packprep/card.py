@@ -199,10 +199,12 @@ from datasets import load_dataset
 rows = load_dataset("path/or/repo_id", split="train")
 
 from torch.utils.data import DataLoader
-from packprep.torch import collate_packed  # pip install "packprep[torch]"
-loader = DataLoader(rows.with_format("numpy"), batch_size=1, collate_fn=collate_packed)
-for batch in loader:
-    out = model(**batch)  # input_ids, labels, position_ids, cu_seq_lens_*, max_length_*, use_cache=False
+from packprep.torch import check_isolation, collate_packed  # pip install "packprep[torch]"
+check_isolation(model)  # raises if the model as configured lets packed sequences see each other
+loader = DataLoader(rows.with_format("numpy"), batch_size=1, shuffle=True, collate_fn=collate_packed)
+for batch in loader:  # input_ids, labels, position_ids, cu_seq_lens_*, max_length_*, use_cache=False
+    n = batch.pop("num_supervised_tokens")  # for per-token loss across gradient accumulation
+    loss = model(**batch, num_items_in_batch=n).loss
 ```
 
 `packprep.json` holds the full configuration, input hashes and counts; `packprep verify DIR` re-checks

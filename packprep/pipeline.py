@@ -119,7 +119,9 @@ def pack(
                 sources, formats, fields, encoder, tokenizer, config, ledger, num_proc, progress, tmp / "token-cache",
                 engine, ray_address,
             )
-        bins = _pack(store, config, ledger)
+        with _progress(progress, len(store), "pack", "seq") as bar:
+            bins = _pack(store, config, ledger)
+            bar.update(len(store))
         segments = _segments(bins, store)
         with _progress(progress, segments.offsets.size - 1, "write", "rows") as bar:
             shards = write_shards(
@@ -322,6 +324,7 @@ def _ordered_map(pool, batches, in_flight: int):
 
 def _collect(results, builder: TokenStoreBuilder, config: PackConfig, ledger: Ledger, bar) -> None:
     for batch, encoded in results:
+        tokens = 0
         for (source_index, record, _), item in zip(batch, encoded):
             if isinstance(item, Rejected):
                 ledger.reject(record, source_index, str(item), item.code)
@@ -343,8 +346,8 @@ def _collect(results, builder: TokenStoreBuilder, config: PackConfig, ledger: Le
                     continue
                 ledger.status[source_index] = TRUNCATED
             builder.append(ids, labels, source_index)
-        if bar is not None:
-            bar.update(len(batch))
+            tokens += len(ids)
+        bar.update(len(batch), tokens)
 
 
 def _pack(store: TokenStore, config: PackConfig, ledger: Ledger) -> Bins:
@@ -429,20 +432,34 @@ def _manifest(config, sources, formats, tok, tokenizer, ledger, store, segments,
     }
 
 
-class _NoBar:
-    def update(self, n):
-        pass
+class _Progress:
+    """A tqdm bar on stderr (or nothing, when disabled) that also shows tokens and tokens/s."""
+
+    def __init__(self, enabled: bool, total, desc: str, unit: str):
+        self._bar = None
+        self._tokens = 0
+        if enabled:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, desc=desc, unit=unit, unit_scale=True, dynamic_ncols=True)
+
+    def update(self, n: int, tokens: int = 0) -> None:
+        if self._bar is None:
+            return
+        self._tokens += tokens
+        if self._tokens:
+            rate = self._tokens / max(self._bar.format_dict["elapsed"], 1e-9)
+            size = self._bar.format_sizeof
+            self._bar.set_postfix_str(f"{size(self._tokens)} tokens, {size(rate)} tok/s", refresh=False)
+        self._bar.update(n)
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
-        pass
+        if self._bar is not None:
+            self._bar.close()
 
 
-def _progress(enabled: bool, total, desc: str, unit: str):
-    if not enabled:
-        return _NoBar()
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, dynamic_ncols=True)
+def _progress(enabled: bool, total, desc: str, unit: str) -> _Progress:
+    return _Progress(enabled, total, desc, unit)

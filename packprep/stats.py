@@ -385,8 +385,7 @@ def _encode_lengths(sources, formats, fields, encoder, tokenizer, config, tally,
                     within[m].append(value)
                     # trained labels at L, 2L, ...: the first labels of its pieces under split
                     masked[m].append(int(trained[m::m].sum()) if n > m else 0)
-            if bar is not None:
-                bar.update(len(batch))
+            bar.update(len(batch), sum(len(item.input_ids) for item in encoded if isinstance(item, Encoded)))
 
     batches = _batches(_normalized(sources, formats, fields, tally), 256)
     with _progress(progress, None, "read+tokenize", "conv") as bar:

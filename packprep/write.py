@@ -163,7 +163,7 @@ def write_shards(
                 supervised += pc.sum(pc.not_equal(pc.list_flatten(table.column("labels")), -100)).as_py() or 0
                 write(table)
                 if progress is not None:
-                    progress.update(hi - lo)
+                    progress.update(hi - lo, int(row_lengths[lo:hi].sum()))
         entries.append(
             {
                 "path": name,

@@ -249,3 +249,31 @@ def test_packs_every_fixture_file_with_real_tokenizers(tmp_path, tokenizer_name)
     assert counts["rejected_by_reason"]["no_assistant_turn"] == 195  # the DPO demo's prompts end on a human turn
     assert counts["truncated"] > 0  # medicalgpt holds conversations of up to 37,793 tokens
     assert manifest["efficiency"] > 0.99
+
+
+def test_saved_dataset_and_arrow_inputs_pack_like_jsonl(tmp_path):
+    """A folder saved by datasets, a DatasetDict and an Arrow IPC file give the same rows as the JSONL."""
+    import datasets
+    import pyarrow as pa
+
+    records = example_conversations()[:50]
+    table = pa.Table.from_pylist([r for r in records if r["conversations"]])
+    datasets.Dataset(table).save_to_disk(str(tmp_path / "saved"))
+    datasets.DatasetDict({"train": datasets.Dataset(table)}).save_to_disk(str(tmp_path / "saved_dict"))
+    with pa.OSFile(str(tmp_path / "chats.arrow"), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    jsonl = tmp_path / "chats.jsonl"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in table.to_pylist()))
+    shards = []
+    for name in ("saved", "saved_dict", "chats.arrow", "chats.jsonl"):
+        manifest = packprep.pack(str(tmp_path / name), tmp_path / f"out-{name}", TOKENIZER, max_len=512, num_proc=1)
+        assert manifest["counts"]["records"] == table.num_rows
+        shards.append([s["sha256"] for s in manifest["shards"]])
+    assert shards[0] == shards[1] == shards[2] == shards[3]
+
+
+def test_an_unreachable_hub_id_is_a_clear_input_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(InputError, match="not a local file and could not be loaded from the Hugging Face Hub"):
+        packprep.pack("nobody/no-such-dataset", tmp_path / "out", TOKENIZER, max_len=512, num_proc=1)
+    assert list(tmp_path.iterdir()) == []
