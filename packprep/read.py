@@ -350,12 +350,19 @@ def _read_arrow(path: str) -> Iterator[Record]:
         with open(path, "rb") as handle:
             head = handle.read(6)
         if head == b"ARROW1":
-            table = pa.ipc.open_file(pa.memory_map(path)).read_all()
+            reader = pa.ipc.open_file(pa.memory_map(path))
+            batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
         else:
-            table = pa.ipc.open_stream(pa.memory_map(path)).read_all()
+            batches = iter(pa.ipc.open_stream(pa.memory_map(path)))
     except Exception as exc:
         raise InputError(f"{path}: not a readable Arrow IPC file: {exc}") from exc
-    yield from _read_table_batches(path, table.to_batches(max_chunksize=1024))
+    # one record batch at a time, cut to 1,024 rows: memory stays bounded by a batch
+    yield from _read_table_batches(path, (part for batch in batches for part in _slices(batch, 1024)))
+
+
+def _slices(batch, size: int):
+    for start in range(0, batch.num_rows, size):
+        yield batch.slice(start, size)
 
 
 def _read_saved_dataset(path: str) -> Iterator[Record]:
