@@ -58,10 +58,10 @@ class OutputFolder:
         if self.final.exists() and not self.final.is_dir():
             raise ConfigError(f"{self.final} exists and is not a folder")
         parent = self.final.parent
-        if parent.exists() and not parent.is_dir():
-            raise ConfigError(f"{parent} is a file, not a folder; choose another --output")
+        while not parent.exists():  # missing parents are created when writing starts, like mkdir -p
+            parent = parent.parent
         if not parent.is_dir():
-            raise ConfigError(f"{parent} does not exist; create it first")
+            raise ConfigError(f"{parent} is a file, not a folder; choose another --output")
         if not os.access(parent, os.W_OK | os.X_OK):
             raise ConfigError(f"{parent} is not writable; choose another --output")
 
@@ -69,6 +69,7 @@ class OutputFolder:
     def staging(self) -> Iterator[Path]:
         """Yield the temporary folder; remove it if the block fails."""
         self.check()
+        self.final.parent.mkdir(parents=True, exist_ok=True)
         self._remove_stale_siblings()
         shutil.rmtree(self.tmp, ignore_errors=True)
         try:

@@ -277,3 +277,8 @@ def test_an_unreachable_hub_id_is_a_clear_input_error(tmp_path, monkeypatch):
     with pytest.raises(InputError, match="not a local file and could not be loaded from the Hugging Face Hub"):
         packprep.pack("nobody/no-such-dataset", tmp_path / "out", TOKENIZER, max_len=512, num_proc=1)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_missing_parent_folders_of_the_output_are_created(tmp_path):
+    manifest = packprep.pack(str(EXAMPLE_CHATS), tmp_path / "a" / "b" / "out", TOKENIZER, max_len=512, num_proc=1)
+    assert manifest["rows"] > 0 and packprep.verify(tmp_path / "a" / "b" / "out").ok
