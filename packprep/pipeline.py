@@ -119,6 +119,8 @@ def pack(
                 sources, formats, fields, encoder, tokenizer, config, ledger, num_proc, progress, tmp / "token-cache",
                 engine, ray_address,
             )
+        if len(store) == 0:
+            raise InputError(_nothing_to_pack(ledger, sources))
         with _progress(progress, len(store), "pack", "seq") as bar:
             bins = _pack(store, config, ledger)
             bar.update(len(store))
@@ -185,6 +187,18 @@ class Ledger:
         }
         if self._handle is not None:
             self._handle.write(json.dumps(entry, ensure_ascii=False) + "\n")
+
+
+def _nothing_to_pack(ledger: Ledger, sources: list[Source]) -> str:
+    """The message for a run in which no record survived: nothing is written."""
+    where = ", ".join(source.path for source in sources[:3]) + (", ..." if len(sources) > 3 else "")
+    if not ledger.status:
+        return f"{where}: the inputs hold no records; nothing was written"
+    reasons = ", ".join(f"{code} {count:,}" for code, count in ledger.reasons.most_common(3))
+    return (
+        f"{where}: all {len(ledger.status):,} records were rejected ({reasons}); nothing was written. "
+        "Check --format, --messages-field and the tokenizer's chat template, or run packprep stats to see why"
+    )
 
 
 def _preview(record: Record) -> str:

@@ -118,6 +118,8 @@ class ChatTemplate:
             return self._tokenizer.apply_chat_template(
                 messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt
             )
+        except ImportError as exc:  # the environment, not the record: stop the run
+            raise ConfigError(f"cannot render chat templates: {exc}") from exc
         except Exception as exc:  # jinja raise_exception, TemplateError, TypeError from bad data
             message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise Rejected(f"chat template rejected the conversation: {message}", "template_error") from None

@@ -142,6 +142,7 @@ def test_on_error_fail_reports_the_first_record_across_stages(tmp_path):
     data.write_text(
         '{"conversations": [{"from": "system", "value": "only a system turn"}]}\n'
         '{"conversations": [{"from": "narrator", "value": "x"}, {"from": "gpt", "value": "y"}]}\n'
+        '{"conversations": [{"from": "human", "value": "x"}, {"from": "gpt", "value": "y"}]}\n'
     )
     result = invoke(*pack_args(data, tmp_path / "strict", "--on-error", "fail"))
     assert_clean_exit(result, 3)
