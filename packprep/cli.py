@@ -8,6 +8,9 @@ import sys
 
 import click
 
+# transformers' import-time advice ("PyTorch was not found...") is noise for a data tool's user
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
 from . import __version__
 from .errors import EXIT_CODES_HELP, EXIT_INTERNAL, PackprepError
 from .normalize import FORMATS
@@ -114,10 +117,11 @@ def pack(inputs, tokenizer, output, format_, num_proc, engine, ray_address, push
     manifest = pack_(list(inputs), output, tokenizer, overwrite=overwrite, num_proc=num_proc, engine=engine,
                      ray_address=ray_address, progress=not quiet, format=format_, **settings)
     counts = manifest["counts"]
+    kept = counts["records"] - counts["rejected"]
     click.echo(
-        f"packed {counts['records']:,} records into {manifest['rows']:,} rows "
+        f"read {counts['records']:,} records, packed {kept:,} into {manifest['rows']:,} rows "
         f"({manifest['tokens']['total']:,} tokens, efficiency {manifest['efficiency']:.2%}) in {output}\n"
-        f"  packed {counts['packed']:,}, truncated {counts['truncated']:,}, split {counts['split']:,}, "
+        f"  whole {counts['packed']:,}, truncated {counts['truncated']:,}, split {counts['split']:,}, "
         f"rejected {counts['rejected']:,}"
         + (f" (see {output}/rejects.jsonl)" if counts["rejected"] else "")
     )
