@@ -17,7 +17,6 @@ import pytest
 from click.testing import CliRunner
 
 import packprep.push  # noqa: F401  (registers the module)
-import sys
 
 push_module = sys.modules["packprep.push"]  # `packprep.push` itself is the function
 from packprep.card import length_histograms, render_card

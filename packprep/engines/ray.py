@@ -25,7 +25,7 @@ import os
 import pickle
 from collections import deque
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 from ..errors import ConfigError
 
@@ -52,11 +52,7 @@ def make_encoder(tokenizer, config: "PackConfig"):
     """``ChatEncoder`` for ``config``, built the way the local engine builds it."""
     from ..tokenize import ChatEncoder
 
-    kwargs: dict[str, Any] = {}
-    backend = getattr(config, "tokenizer_backend", None)
-    if backend is not None and "backend" in inspect.signature(ChatEncoder).parameters:
-        kwargs["backend"] = backend
-    return ChatEncoder(tokenizer, config.train_on, **kwargs)
+    return ChatEncoder(tokenizer, config.train_on, config.tokenizer_backend)
 
 
 def _tokenizer_payload(tokenizer: str) -> tuple[str, dict[str, bytes] | None]:
