@@ -366,14 +366,19 @@ def _collect(results, builder: TokenStoreBuilder, config: PackConfig, ledger: Le
 
 def _pack(store: TokenStore, config: PackConfig, ledger: Ledger) -> Bins:
     lengths = store.lengths
-    size = config.partition_size or max(1, len(lengths))
-    parts = [_pack_partition(lengths[lo : lo + size], config) for lo in range(0, max(1, len(lengths)), size)]
-    bins = _concat_bins(parts, range(0, max(1, len(lengths)), size))
+    bins = plan_bins(lengths, config)
     if bins.lengths is not None:  # pieces exist: mark the records that were cut
         cut = bins.lengths < lengths[bins.items]
         for source_index in np.unique(store.source_index[bins.items[cut]]).tolist():
             ledger.status[source_index] = SPLIT
     return order_bins(bins, lengths, config.row_order, config.seed)
+
+
+def plan_bins(lengths: np.ndarray, config: PackConfig) -> Bins:
+    """The bins ``pack`` makes of these sequence lengths (partitions, ``--overlong split``), before row order."""
+    size = config.partition_size or max(1, len(lengths))
+    firsts = range(0, max(1, len(lengths)), size)
+    return _concat_bins([_pack_partition(lengths[lo : lo + size], config) for lo in firsts], firsts)
 
 
 def _concat_bins(parts: list[Bins], firsts) -> Bins:

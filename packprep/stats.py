@@ -42,7 +42,7 @@ import numpy as np
 
 from .errors import ConfigError, InputError
 from .normalize import FieldNames, Rejected
-from .packing import STRATEGIES, pack_lengths, split_pieces
+from .packing import STRATEGIES, split_pieces
 from .tokenize import IGNORE_INDEX, ChatEncoder, Encoded, load_tokenizer
 
 DEFAULT_MAX_LENS = (1024, 2048, 4096, 8192, 16384)
@@ -257,18 +257,15 @@ def what_if(
 
 
 def _plan(lens, max_len, strategy, seed, samples_per_row, partition_size, split) -> tuple[np.ndarray, np.ndarray]:
-    """(length of every packed sequence or piece, length of every row), as ``pack`` packs ``lens``."""
-    size = partition_size or max(1, len(lens))
-    entries, rows = [], []
-    for lo in range(0, len(lens), size):
-        part = lens[lo : lo + size]
-        if split and strategy != "minibatch" and int(part.max()) > max_len:
-            _, _, part = split_pieces(part, max_len)
-        bins = pack_lengths(part, max_len, strategy, seed, samples_per_row)
-        entries.append(bins.entry_lengths(part))
-        rows.append(bins.bin_lengths(part))
-    join = lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64)  # noqa: E731
-    return join(entries), join(rows)
+    """(length of every packed sequence or piece, length of every row), exactly as ``pack`` packs ``lens``."""
+    from .pipeline import PackConfig, plan_bins
+
+    if len(lens) == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    config = PackConfig(max_len=max_len, strategy=strategy, seed=seed, samples_per_row=samples_per_row,
+                        partition_size=partition_size, overlong="split" if split else "truncate")
+    bins = plan_bins(np.asarray(lens, dtype=np.int64), config)
+    return bins.entry_lengths(lens), bins.bin_lengths(lens)
 
 
 # ---------------------------------------------------------------------------------------------
