@@ -314,7 +314,7 @@ def _encode(batches, encoder, tokenizer, config, num_proc, engine, ray_address):
         saved = os.environ.get("TOKENIZERS_PARALLELISM")
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
         try:
-            with ProcessPoolExecutor(num_proc, multiprocessing.get_context("fork")) as pool:
+            with encoder.one_thread(), ProcessPoolExecutor(num_proc, multiprocessing.get_context("fork")) as pool:
                 yield from _ordered_map(pool, batches, num_proc * 4)
         finally:
             _WORKER_ENCODER = None

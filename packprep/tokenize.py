@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -168,6 +169,18 @@ class ChatEncoder:
             if fast is None:
                 self._refuse_tiktoken(reason)
             self._fast = fast
+
+    @contextmanager
+    def one_thread(self):
+        """Tokenize on one thread meanwhile: in worker processes, the processes are the parallelism."""
+        saved = self._fast.num_threads if self._fast is not None else None
+        if self._fast is not None:
+            self._fast.num_threads = 1
+        try:
+            yield
+        finally:
+            if self._fast is not None:
+                self._fast.num_threads = saved
 
     @property
     def backend_name(self) -> str:

@@ -296,3 +296,12 @@ def test_a_broken_environment_is_a_config_error_not_a_rejected_record(tmp_path, 
     with pytest.raises(ConfigError, match="cannot render chat templates: .*jinja2"):
         packprep.pack(str(EXAMPLE_CHATS), tmp_path / "out", TOKENIZER, max_len=512, num_proc=1)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_worker_processes_tokenize_on_one_thread_each(encoder):
+    """With --num-proc > 1 the processes are the parallelism: tiktoken threads would oversubscribe."""
+    assert encoder.backend_name == "tiktoken"  # the example tokenizer is a byte-level BPE
+    threads = encoder._fast.num_threads
+    with encoder.one_thread():
+        assert encoder._fast.num_threads == 1
+    assert encoder._fast.num_threads == threads
