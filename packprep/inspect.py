@@ -11,7 +11,6 @@ exactly what the loss sees, after the model's one-token shift.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ import numpy as np
 
 from .errors import ConfigError, InputError
 from .tokenize import IGNORE_INDEX, load_tokenizer
+from .verify import read_manifest
 
 OPEN, CLOSE = "[[", "]]"
 _GREEN, _DIM, _HEAD, _RESET = "\x1b[32m", "\x1b[2m", "\x1b[1;36m", "\x1b[0m"
@@ -38,7 +38,7 @@ def inspect_row(
     manifest's ``tokenizer.name_or_path`` (for a folder packed on another machine).
     """
     folder = Path(folder)
-    manifest = _manifest(folder)
+    manifest = read_manifest(folder)
     row, shard, local, total = _locate(manifest, row)
     record = _read_row(folder / shard["path"], local)
     name = tokenizer or manifest.get("tokenizer", {}).get("name_or_path")
@@ -80,18 +80,6 @@ def inspect_row(
         out.append(_render_sequence(tok, ids[start:stop], trained[start:stop], color))
         start = stop
     return "\n".join(out) + "\n"
-
-
-def _manifest(folder: Path) -> dict:
-    path = folder / "packprep.json"
-    if not path.is_file():
-        raise ConfigError(f"{folder} is not a packed output folder (no packprep.json)")
-    try:
-        manifest = json.loads(path.read_text())
-        manifest["shards"]  # noqa: B018
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise InputError(f"{path} is not a valid manifest ({exc}); run packprep verify") from None
-    return manifest
 
 
 def _locate(manifest: dict, row: int) -> tuple[int, dict, int, int]:

@@ -29,7 +29,7 @@ SHAREGPT_ROLES = {
     "tool": "tool",
     "function": "tool",
 }
-OPENAI_ROLES = {"system", "user", "assistant", "tool"}
+OPENAI_ROLES = {role: role for role in ("system", "user", "assistant", "tool")}
 
 
 class Rejected(Exception):
@@ -106,17 +106,9 @@ def _sharegpt(record: dict, key: str) -> Conversation:
     if system:
         messages.append({"role": "system", "content": _string(system, "field 'system'")})
     for number, turn in enumerate(turns):
-        if not isinstance(turn, dict):
-            raise Rejected(f"message {number} is a JSON {_json_type(turn)}, expected an object", "wrong_type")
-        speaker = turn.get("from")
-        if "from" not in turn:
-            raise Rejected(f"message {number} has no 'from' field (keys: {sorted(turn)[:8]})", "missing_field")
-        if not isinstance(speaker, str) or speaker not in SHAREGPT_ROLES:
-            raise Rejected(
-                f"message {number} has unknown role {speaker!r}; known: {sorted(SHAREGPT_ROLES)}", "unknown_role"
-            )
+        role = _role(turn, number, "from", SHAREGPT_ROLES)
         content = _string(turn.get("value"), f"message {number} 'value'")
-        messages.append({"role": SHAREGPT_ROLES[speaker], "content": content})
+        messages.append({"role": role, "content": content})
     return Conversation(messages=messages, tools=_tools(record.get("tools")))
 
 
@@ -124,15 +116,21 @@ def _openai(record: dict, key: str) -> Conversation:
     turns = _turn_list(record, key)
     messages = []
     for number, turn in enumerate(turns):
-        if not isinstance(turn, dict):
-            raise Rejected(f"message {number} is a JSON {_json_type(turn)}, expected an object", "wrong_type")
-        role = turn.get("role")
-        if "role" not in turn:
-            raise Rejected(f"message {number} has no 'role' field (keys: {sorted(turn)[:8]})", "missing_field")
-        if not isinstance(role, str) or role not in OPENAI_ROLES:
-            raise Rejected(f"message {number} has unknown role {role!r}; known: {sorted(OPENAI_ROLES)}", "unknown_role")
+        role = _role(turn, number, "role", OPENAI_ROLES)
         messages.append({"role": role, "content": _content(turn.get("content"), number)})
     return Conversation(messages=messages, tools=_tools(record.get("tools")))
+
+
+def _role(turn, number: int, field: str, roles: dict[str, str]) -> str:
+    """The canonical role of message ``number``, read from its ``field`` and mapped through ``roles``."""
+    if not isinstance(turn, dict):
+        raise Rejected(f"message {number} is a JSON {_json_type(turn)}, expected an object", "wrong_type")
+    if field not in turn:
+        raise Rejected(f"message {number} has no {field!r} field (keys: {sorted(turn)[:8]})", "missing_field")
+    value = turn[field]
+    if not isinstance(value, str) or value not in roles:
+        raise Rejected(f"message {number} has unknown role {value!r}; known: {sorted(roles)}", "unknown_role")
+    return roles[value]
 
 
 def _alpaca(record: dict) -> Conversation:

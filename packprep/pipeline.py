@@ -25,7 +25,7 @@ from .materialize import Segments, TokenStore, TokenStoreBuilder
 from .normalize import FORMATS, Conversation, FieldNames, Rejected, detect_format, normalize
 from .packing import ROW_ORDERS, STRATEGIES, Bins, lower_bound, order_bins, pack_lengths, pieces_to_bins, split_pieces
 from .read import Record, Source, file_sha256, read_records, resolve_inputs
-from .tokenize import BACKENDS, TRAIN_ON, ChatEncoder, Encoded, load_tokenizer, tokenizer_fingerprint
+from .tokenize import BACKENDS, IGNORE_INDEX, TRAIN_ON, ChatEncoder, Encoded, load_tokenizer, tokenizer_fingerprint
 from .write import SHARD_FORMATS, OutputFolder, parse_size, write_shards
 
 OVERLONG = ("truncate", "drop", "split")
@@ -121,11 +121,11 @@ def pack(
             )
         if len(store) == 0:
             raise InputError(_nothing_to_pack(ledger, sources))
-        with _progress(progress, len(store), "pack", "seq") as bar:
+        with _Progress(progress, len(store), "pack", "seq") as bar:
             bins = _pack(store, config, ledger)
             bar.update(len(store))
         segments = _segments(bins, store)
-        with _progress(progress, segments.offsets.size - 1, "write", "rows") as bar:
+        with _Progress(progress, segments.offsets.size - 1, "write", "rows") as bar:
             shards = write_shards(
                 tmp, store, segments, config.max_len, config.shard_format, parse_size(config.shard_size), bar
             )
@@ -273,7 +273,7 @@ def _tokenize_all(
     """Tokenize every record, spilling tokens to ``cache_dir`` so memory does not grow with the data."""
     builder = TokenStoreBuilder(cache_dir)
     batches = _batches(_normalized(sources, formats, fields, ledger), 256)
-    with _progress(progress, None, "read+tokenize", "conv") as bar:
+    with _Progress(progress, None, "read+tokenize", "conv") as bar:
         results = encoded_batches(batches, encoder, tokenizer, config, num_proc, engine, ray_address)
         _collect(results, builder, config, ledger, bar)
     return builder.build()
@@ -351,7 +351,7 @@ def _collect(results, builder: TokenStoreBuilder, config: PackConfig, ledger: Le
                     ledger.reject(record, source_index, reason, "overlong")
                     continue
                 ids, labels = ids[: config.max_len], labels[: config.max_len]
-                if not (labels[1:] != -100).any():
+                if not (labels[1:] != IGNORE_INDEX).any():
                     reason = (
                         f"{len(item.input_ids)} tokens; no supervised token is left after truncation "
                         f"to --max-len {config.max_len}"
@@ -478,7 +478,3 @@ class _Progress:
     def __exit__(self, *exc):
         if self._bar is not None:
             self._bar.close()
-
-
-def _progress(enabled: bool, total, desc: str, unit: str) -> _Progress:
-    return _Progress(enabled, total, desc, unit)

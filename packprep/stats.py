@@ -31,7 +31,6 @@ Definitions used in reports:
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import fields as dataclass_fields
@@ -353,7 +352,7 @@ def stats(
 
 def _encode_lengths(sources, formats, fields, encoder, tokenizer, config, tally, max_lens, num_proc, progress):
     """Run the pipeline's read → normalize → tokenize stages; keep only lengths and label counts."""
-    from .pipeline import _batches, _normalized, _progress, encoded_batches
+    from .pipeline import _batches, _normalized, _Progress, encoded_batches
 
     lengths: list[int] = []
     supervised: list[int] = []
@@ -385,7 +384,7 @@ def _encode_lengths(sources, formats, fields, encoder, tokenizer, config, tally,
             bar.update(len(batch), sum(len(item.input_ids) for item in encoded if isinstance(item, Encoded)))
 
     batches = _batches(_normalized(sources, formats, fields, tally), 256)
-    with _progress(progress, None, "read+tokenize", "conv") as bar:
+    with _Progress(progress, None, "read+tokenize", "conv") as bar:
         collect(encoded_batches(batches, encoder, tokenizer, config, num_proc), bar)
     as_array = lambda values: np.asarray(values, dtype=np.int64)  # noqa: E731
     return (
@@ -413,15 +412,12 @@ def stats_folder(folder: str | os.PathLike, global_batch_size: int = 64, epochs:
     """
     import pyarrow.compute as pc
 
+    from .verify import read_manifest
+
     folder = Path(folder)
-    if not is_packed_folder(folder):
-        raise ConfigError(f"{folder} is not a packed output folder (no packprep.json)")
-    try:
-        manifest = json.loads((folder / "packprep.json").read_text())
-        max_len = int(manifest["config"]["max_len"])
-        shards = manifest["shards"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise InputError(f"{folder}/packprep.json is not a valid manifest ({exc}); run packprep verify") from exc
+    manifest = read_manifest(folder)
+    max_len = int(manifest["config"]["max_len"])
+    shards = manifest["shards"]
     if int(global_batch_size) < 1 or int(epochs) < 1:
         raise ConfigError("--global-batch-size and --epochs must be at least 1")
     row_lengths, per_row, seq_lengths = [], [], []

@@ -26,6 +26,7 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 
+from .errors import ConfigError, InputError
 from .materialize import ROW_SCHEMA
 from .normalize import load_schema
 from .read import file_sha256
@@ -112,6 +113,19 @@ def verify(folder: str | Path, check_hashes: bool = True) -> Report:
     _check_coverage(folder, manifest, seen, report, judge_packed=complete and indices_valid)
     _check_counts(manifest, report, supervised if complete else None)
     return report
+
+
+def read_manifest(folder: str | Path) -> dict:
+    """The manifest of a packed output folder, or a clear error (for the commands that read one)."""
+    path = Path(folder) / "packprep.json"
+    if not path.is_file():
+        raise ConfigError(f"{folder} is not a packed output folder (no packprep.json)")
+    try:
+        manifest = json.loads(path.read_text())
+        manifest["config"]["max_len"], manifest["shards"]  # noqa: B018
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InputError(f"{path} is not a valid manifest ({exc}); run packprep verify") from None
+    return manifest
 
 
 def _load_manifest(folder: Path, report: Report) -> dict | None:
