@@ -1,25 +1,8 @@
-"""Step 3: render conversations with the tokenizer's chat template and label them.
+"""Step 3b: tokenize rendered conversations and turn their trained character spans into labels.
 
-Label semantics (unshifted, Hugging Face convention: the model shifts them by one):
-
-* ``train_on="assistant"`` — for assistant turn *k*, exactly the tokens that
-  ``render(messages[:k+1])`` adds beyond ``render(messages[:k], add_generation_prompt=True)``:
-  the reply and the template's end-of-turn token (``<|eot_id|>``, ``<|im_end|>``, ``</s>``).
-  Everything else (system, user, tool and header tokens) is ``-100``.
-* ``train_on="last"`` — only the final assistant turn.
-* ``train_on="all"`` — every token.
-
-How it is computed: each prefix is *rendered* (cheap string work), but the conversation is
-*tokenized once*; a token is trained when it starts inside a turn's character span. The tests
-prove this equals the per-prefix reference on every real tokenizer and fixture file.
-
-Templates that rewrite earlier turns (e.g. strip reasoning from past assistant replies) are not
-prefix-stable: ``render(messages[:k+1])`` is then not a prefix of the full rendering. Rule: such a
-turn is left untrained (it is not what the model saw when it produced it) and counted in
-``turns_not_located``; a conversation in which no turn can be located is rejected.
-
-Trailing non-assistant messages are dropped before rendering: they carry no label and, under
-causal attention, cannot influence any trained token.
+The conversation is tokenized once; a token is trained when it starts inside a trained span (see
+render.py for which spans those are). The tests prove this equals the per-prefix reference on every
+real tokenizer and fixture file.
 """
 
 from __future__ import annotations
@@ -34,6 +17,7 @@ import numpy as np
 
 from .errors import ConfigError
 from .normalize import Conversation, Rejected
+from .render import ChatTemplate, Rendered, render_conversation
 
 TRAIN_ON = ("assistant", "last", "all")
 BACKENDS = ("auto", "hf", "tiktoken")
@@ -59,80 +43,6 @@ def load_tokenizer(name_or_path: str):
             f"cannot load tokenizer {name_or_path!r}: {exc}. Pass a folder holding tokenizer.json "
             "and tokenizer_config.json, or a Hub id that is in the local cache (HF_HUB_OFFLINE=1)."
         ) from exc
-
-
-def _compile(template: str):
-    """Compile ``template`` in transformers' own sandboxed environment, with the sandbox's attribute
-    check memoised; None where transformers' internals differ (then the public API is used).
-
-    The sandbox asks ``is_safe_attribute(obj, attr, value)`` on every attribute a template reads
-    (``loop.index0``, ``content.strip``...), which was half of all rendering time. For Jinja's
-    ``ImmutableSandboxedEnvironment`` the answer depends only on ``type(obj)`` and ``attr``, so it
-    is cached on that key: the same checks, made once per type and name.
-    """
-    try:
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-        from transformers.utils import chat_template_utils as utils
-
-        compile_fresh = getattr(utils, "_cached_compile_jinja_template", None) or utils._compile_jinja_template.__wrapped__
-        compiled = compile_fresh(template)  # our own environment: transformers' shared one is left alone
-    except (ImportError, AttributeError):
-        return None
-    environment = compiled.environment
-    if type(environment).is_safe_attribute is ImmutableSandboxedEnvironment.is_safe_attribute:
-        check, verdicts = environment.is_safe_attribute, {}
-
-        def is_safe_attribute(obj, attr, value):
-            key = (type(obj), attr)
-            if key not in verdicts:
-                verdicts[key] = check(obj, attr, value)
-            return verdicts[key]
-
-        environment.is_safe_attribute = is_safe_attribute
-    return compiled
-
-
-class ChatTemplate:
-    """A compiled chat template that renders the way ``apply_chat_template(tokenize=False)`` does."""
-
-    def __init__(self, tokenizer):
-        template = getattr(tokenizer, "chat_template", None)
-        if isinstance(template, dict):
-            template = template.get("default")
-        self.source = template
-        self._tokenizer = tokenizer
-        self._compiled = None
-        if template:
-            self._compiled = _compile(template)
-        self._special = dict(tokenizer.special_tokens_map)
-
-    def render(self, messages: list[dict], tools: list | None, add_generation_prompt: bool = False) -> str:
-        try:
-            if self._compiled is not None:
-                return self._compiled.render(
-                    messages=messages,
-                    tools=tools,
-                    documents=None,
-                    add_generation_prompt=add_generation_prompt,
-                    **self._special,
-                )
-            return self._tokenizer.apply_chat_template(
-                messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt
-            )
-        except ImportError as exc:  # the environment, not the record: stop the run
-            raise ConfigError(f"cannot render chat templates: {exc}") from exc
-        except Exception as exc:  # jinja raise_exception, TemplateError, TypeError from bad data
-            message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise Rejected(f"chat template rejected the conversation: {message}", "template_error") from None
-
-
-@dataclass
-class Rendered:
-    text: str
-    spans: list[tuple[int, int]]  # character spans that are trained
-    turns_not_located: int = 0
-    train_all: bool = False
-    add_special_tokens: bool = False
 
 
 class ChatEncoder:
@@ -197,43 +107,7 @@ class ChatEncoder:
         return bool(self.template.source)
 
     def render(self, conversation: Conversation) -> Rendered:
-        if conversation.text is not None:
-            return Rendered(conversation.text, [], train_all=True, add_special_tokens=True)
-        if not self.has_template:
-            raise ConfigError(
-                "the tokenizer has no chat template; pass a tokenizer that has one, or set "
-                "tokenizer.chat_template in its tokenizer_config.json"
-            )
-        messages = conversation.messages
-        tools = conversation.tools
-        assistant_turns = [k for k, message in enumerate(messages) if message["role"] == "assistant"]
-        if not assistant_turns:
-            raise Rejected("no assistant turn to train on", "no_assistant_turn")
-        messages = messages[: assistant_turns[-1] + 1]
-        full = self.template.render(messages, tools)
-        if self.train_on == "all":
-            return Rendered(full, [], train_all=True)
-        if self.train_on == "last":
-            assistant_turns = assistant_turns[-1:]
-        spans = []
-        not_located = 0
-        for k in assistant_turns:
-            before = self.template.render(messages[:k], tools, add_generation_prompt=True)
-            after = full if k == len(messages) - 1 else self.template.render(messages[: k + 1], tools)
-            if full.startswith(after) and after.startswith(before):
-                if len(after) > len(before):
-                    spans.append((len(before), len(after)))
-            else:
-                not_located += 1
-        if not spans:
-            if not_located:
-                raise Rejected(
-                    "chat template rewrites earlier turns and no assistant turn could be located "
-                    "(the rendering of a prefix is not a prefix of the full rendering)",
-                    "template_not_prefix_stable",
-                )
-            raise Rejected("assistant turns render to no tokens", "no_supervised_tokens")
-        return Rendered(full, spans, not_located)
+        return render_conversation(self.template, conversation, self.train_on)
 
     def encode(self, conversations: Sequence[Conversation]) -> list[Encoded | Rejected]:
         """Encode a batch; a conversation that cannot be encoded becomes a ``Rejected`` in place."""

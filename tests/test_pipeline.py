@@ -285,13 +285,13 @@ def test_missing_parent_folders_of_the_output_are_created(tmp_path):
 
 def test_a_broken_environment_is_a_config_error_not_a_rejected_record(tmp_path, monkeypatch):
     """Without jinja2 every render fails: that must stop the run, not reject every record."""
-    import packprep.tokenize as tokenize_module
+    import packprep.render as render_module
     from transformers import PreTrainedTokenizerBase
 
     def no_jinja(*args, **kwargs):
         raise ImportError("apply_chat_template requires jinja2 to be installed")
 
-    monkeypatch.setattr(tokenize_module, "_compile", lambda template: None)
+    monkeypatch.setattr(render_module, "_compile", lambda template: None)
     monkeypatch.setattr(PreTrainedTokenizerBase, "apply_chat_template", no_jinja)
     with pytest.raises(ConfigError, match="cannot render chat templates: .*jinja2"):
         packprep.pack(str(EXAMPLE_CHATS), tmp_path / "out", TOKENIZER, max_len=512, num_proc=1)

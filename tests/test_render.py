@@ -1,0 +1,184 @@
+"""One rendering per conversation gives the same spans as rendering every prefix.
+
+render.py cuts ``render(messages[:n], add_generation_prompt=g)`` out of one watched rendering when
+it can vouch for it. Here each template is written to tempt a wrong cut (looking ahead, counting
+messages, printing them, a tail that is not constant...) and the spans are compared with the
+definition: every prefix rendered by transformers' own chat-template renderer.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from transformers.utils.chat_template_utils import render_jinja_template
+
+from packprep.normalize import Conversation, Rejected
+from packprep.tokenize import ChatEncoder, load_tokenizer
+
+from .conftest import EXAMPLE_TOKENIZER, fixture_tokenizer, needs_fixtures
+from .test_labels_reference import FILES, conversations
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+# name -> (template, whether every prefix can be cut from the one rendering)
+TEMPLATES = {
+    "plain loop": (CHATML, True),
+    "system from messages[0], loop over messages[1:]": (
+        "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}[SYS {{ messages[0]['content'] }}]"
+        "{% else %}{% set loop_messages = messages %}{% endif %}"
+        "{% for m in loop_messages %}<{{ m['role'] }}>{{ m['content'] }}</{{ loop.index0 }}>{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}", True),
+    "looks back with loop.previtem": (
+        "{% for m in messages %}{% if loop.previtem is defined and loop.previtem['role'] == m['role'] %}+{% endif %}"
+        "<{{ m['role'] }}>{{ m['content'] }}{% endfor %}{% if not add_generation_prompt %}.{% else %}<assistant>{% endif %}",
+        True),
+    "peeks with loop.last": (
+        "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% if loop.last %}<END>{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}", False),
+    "peeks after user turns only, no generation prompt": (
+        "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}"
+        "{% if m['role'] == 'user' and not loop.last %}|{% endif %};{% endfor %}", False),
+    "looks ahead with messages[i + 1]": (
+        "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}"
+        "{% if messages[loop.index0 + 1] is defined %}|{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}", False),
+    "counts the messages first": (
+        "{{ messages|length }}:{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}", False),
+    "reads the last message first": (
+        "[{{ messages[-1]['role'] }}]{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}", False),
+    "uses loop.length": (
+        "{% for m in messages %}<{{ m['role'] }} {{ loop.revindex }}>{{ m['content'] }}{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}", False),
+    "filters the messages first": (
+        "{% set system = messages|selectattr('role', 'equalto', 'system')|list %}{{ system|length }}"
+        "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}", False),
+    "serialises the messages": (
+        "{{ messages|tojson }}{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}", False),
+    "prints the messages": (
+        "{{ messages }}{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}", False),
+    "compares the messages": (
+        "{% if messages == [] %}empty{% endif %}{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}", False),
+    "a tail that counts": (
+        "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}<{{ m['role'] }}>{{ m['content'] }}"
+        "{% endfor %}{% if add_generation_prompt %}<assistant {{ ns.n }}>{% endif %}", False),
+    "a tail that always writes": (
+        "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}<EOS>"
+        "{% if add_generation_prompt %}<assistant>{% endif %}", True),
+    "a filtered loop": (
+        "{% for m in messages if m['role'] != 'system' %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}", False),
+    "the loop inside an if": (
+        "{% if messages %}{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}{% endif %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}", False),
+    "strips reasoning from past turns": (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+        "{% if m['role'] == 'assistant' and not loop.last %}{{ m['content'].split('</think>')[-1] }}"
+        "{% else %}{{ m['content'] }}{% endif %}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}", False),
+    "raises on a role": (
+        "{% for m in messages %}{% if m['role'] == 'tool' %}{{ raise_exception('no tools') }}{% endif %}"
+        "<{{ m['role'] }}>{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}", True),
+}
+
+
+def reference(tok, messages: list[dict]) -> tuple[str, list[tuple[int, int]], int] | str:
+    """The definition, through the public API: (text, spans, turns not located), or the error."""
+    turns = [k for k, m in enumerate(messages) if m["role"] == "assistant"]
+    messages = messages[: turns[-1] + 1]
+
+    def render(prefix, generation=False):  # apply_chat_template's renderer: it also takes the empty prefix
+        texts, _ = render_jinja_template(conversations=[prefix], chat_template=tok.chat_template,
+                                         add_generation_prompt=generation, **tok.special_tokens_map)
+        return texts[0]
+
+    try:
+        full = render(messages)
+        spans, not_located = [], 0
+        for k in turns:
+            before, after = render(messages[:k], True), render(messages[: k + 1])
+            if full.startswith(after) and after.startswith(before):
+                if len(after) > len(before):
+                    spans.append((len(before), len(after)))
+            else:
+                not_located += 1
+    except Exception as exc:
+        return str(exc)
+    return full, spans, not_located
+
+
+def ours(encoder, messages):
+    try:
+        rendered = encoder.render(Conversation(messages=messages))
+    except Rejected as exc:
+        return exc
+    return rendered.text, rendered.spans, rendered.turns_not_located
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer(str(EXAMPLE_TOKENIZER))
+
+
+message = st.fixed_dictionaries({
+    "role": st.sampled_from(["user", "assistant", "system", "tool"]),
+    "content": st.text(alphabet="ab </think>\n", max_size=12),
+})
+chats = st.lists(message, min_size=1, max_size=9).filter(lambda ms: any(m["role"] == "assistant" for m in ms))
+
+
+@pytest.mark.parametrize("name", list(TEMPLATES))
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(messages=chats)
+def test_one_rendering_gives_the_spans_of_every_prefix_rendered(tok, name, messages):
+    tok.chat_template = TEMPLATES[name][0]
+    assert_agrees(ours(ChatEncoder(tok, backend="hf"), messages), reference(tok, messages))
+
+
+def assert_agrees(got, expected):
+    if isinstance(expected, str):
+        assert isinstance(got, Rejected) and got.code == "template_error", (expected, got)
+        assert expected in str(got)
+    elif isinstance(got, Rejected):  # no turn located, or nothing to train: the reference agrees
+        assert not expected[1], (expected, got)
+    else:
+        assert got == expected
+
+
+@pytest.mark.parametrize("name", list(TEMPLATES))
+def test_the_watch_cuts_exactly_where_it_can_vouch(tok, name):
+    template, vouches = TEMPLATES[name]
+    tok.chat_template = template
+    encoder = ChatEncoder(tok, backend="hf")
+    messages = [{"role": r, "content": f"{r} {i}"} for i, r in enumerate(["system", "user", "assistant", "user", "assistant",
+                                                                        "user", "assistant"])]
+    assert_agrees(ours(encoder, messages), reference(tok, messages))
+    assert (encoder.template.prefix_renders == 0) == vouches
+
+
+@needs_fixtures
+@pytest.mark.parametrize("tokenizer_name", ["llama3", "qwen2.5", "mistral-7b-v0.1", "llama2", "gpt2"])
+def test_real_templates_render_each_conversation_once(tokenizer_name):
+    """The label reference test proves the spans right; this proves the shortcut is taken on real templates."""
+    encoder = ChatEncoder(load_tokenizer(fixture_tokenizer(tokenizer_name)), backend="hf")
+    convs = [c for name in FILES for c in conversations(name)]
+    rendered = 0
+    for conversation in convs:
+        try:
+            encoder.render(conversation)
+            rendered += 1
+        except Rejected:
+            pass
+    tool_turns = sum(1 for c in convs for m in c.messages if m["role"] == "tool")
+    assert rendered > 500
+    # qwen2.5 peeks ahead (loop.last) after tool messages only; no other template ever looks ahead
+    assert encoder.template.prefix_renders <= (tool_turns if tokenizer_name == "qwen2.5" else 0)
