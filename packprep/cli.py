@@ -85,7 +85,8 @@ def main():
               help="Pack each run of N sequences on its own [default: all at once; 1000000 with --engine ray].")
 @click.option("--num-proc", default=None, type=int, help="Tokenizer processes [default: all cores].")
 @click.option("--tokenizer-backend", default="auto", show_default=True, type=click.Choice(BACKENDS),
-              help="tiktoken: exact fast path for byte-level BPE tokenizers (Llama-3, Qwen2, GPT-2); auto: "
+              help="tiktoken: exact fast path for byte-level BPE (Llama-3, Qwen2, GPT-2) and SentencePiece BPE "
+              "(Llama-2, Mistral) tokenizers; auto: "
               "tiktoken where it is checked identical, else hf. The output is the same with each.")
 @click.option("--engine", default="local", show_default=True, type=click.Choice(ENGINES),
               help="local: this machine's cores; ray: tokenize on a Ray cluster (pip install 'packprep[ray]').")

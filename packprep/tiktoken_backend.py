@@ -1,4 +1,5 @@
-"""An exact tiktoken fast path for byte-level BPE tokenizers (Llama-3, GPT-2, Qwen2/2.5).
+"""An exact tiktoken fast path for byte-level BPE tokenizers (Llama-3, GPT-2, Qwen2/2.5) and
+SentencePiece BPE tokenizers (Llama-2, Mistral v0.1).
 
 tiktoken runs the same algorithm as a Hugging Face byte-level BPE model: split the text on added
 tokens, split the rest with one regex, map each piece's bytes to GPT-2's printable alphabet and
@@ -15,14 +16,30 @@ reproduced exactly, and otherwise says why not:
 * added tokens: all become tiktoken special tokens (none may use lstrip/rstrip/single_word);
 * post-processor: only adds tokens around the text, offsets untrimmed.
 
+SentencePiece BPE (``byte_fallback``, no pre-tokenizer, normalizer ``Prepend("▁")`` +
+``Replace(" ", "▁")`` or the Replace alone) is reproduced like this, see ``_SentencePiece``:
+
+* the text is split on added tokens and each other segment normalized as HF does (every non-empty
+  segment gets the ``▁`` prefix: the "legacy" behaviour of these tokenizer.json files);
+* HF runs BPE over each whole segment; tiktoken needs pieces. Cutting before each run of ``▁`` is
+  exact when no vocabulary piece holds a ``▁`` after another character (checked): no merge can
+  then cross the cut;
+* HF starts from characters, tiktoken from bytes. Each multi-byte character of the vocabulary gets
+  ranks for its byte prefixes, so its bytes merge into it first (a UTF-8 prefix never merges with
+  anything else); bytes left unmerged are the byte-fallback tokens ``<0xNN>``;
+* pieces are ranked in the order of the merge that first makes them, and every split of a piece
+  into two pieces must be a merge (checked), so "lowest merge first" and "lowest rank first" agree.
+
 Tokens carry byte offsets (cumulative token byte lengths), from which the labels are placed.
 ``check_equivalence`` is the guard: HF and tiktoken must give the same ids on a sample.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
+import re
 import tempfile
 import unicodedata
 
@@ -30,6 +47,8 @@ import numpy as np
 
 # The ByteLevel pre-tokenizer's regex (use_regex=True), as in tokenizers' byte_level.rs.
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+SPACE = "\u2581"  # SentencePiece's visible space
+SPM_PATTERN = f"{SPACE}*[^{SPACE}]+|{SPACE}+"  # a run of spaces and the word after it
 
 
 class _NotEligible(Exception):
@@ -49,14 +68,63 @@ def bytes_to_unicode() -> dict[int, str]:
     return dict(zip(keep, map(chr, chars)))
 
 
+class _SentencePiece:
+    """What turns SentencePiece BPE into a tiktoken encoding: the text transform and the id map."""
+
+    def __init__(self, prepend: bool, special: list[str], rank_ids: np.ndarray, fallback: dict[int, list[int]]):
+        self.prepend = prepend
+        self._split = re.compile("(" + "|".join(map(re.escape, sorted(special, key=len, reverse=True))) + ")").split \
+            if special else (lambda text: [text])
+        self.rank_ids = rank_ids  # tiktoken rank -> HF id; -1 for a byte prefix left unmerged
+        self._fallback_size = np.zeros(len(rank_ids), dtype=np.int64)  # such a prefix's length in bytes,
+        self._fallback_ids = np.zeros((len(rank_ids), max(map(len, fallback.values()), default=0)), np.int32)
+        for rank, byte_ids in fallback.items():  # and the byte-fallback ids of its bytes
+            self._fallback_size[rank] = len(byte_ids)
+            self._fallback_ids[rank, : len(byte_ids)] = byte_ids
+
+    def transform(self, text: str, positions: list[int]) -> tuple[str, list[int]]:
+        """The text as HF's normalizer leaves it (segment by segment), and ``positions`` moved with it."""
+        out, starts, at = [], [], 0
+        for i, part in enumerate(self._split(text)):
+            if i % 2 or not part:
+                out.append(part)
+            else:
+                out.append((SPACE if self.prepend else "") + part.replace(" ", SPACE))
+                starts.append(at)
+            at += len(part)
+        if self.prepend:
+            positions = [p + bisect.bisect_left(starts, p) for p in positions]
+        return "".join(out), positions
+
+    def ids(self, ranks: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """HF ids and byte starts of tiktoken's tokens: a leftover byte prefix becomes one token per byte."""
+        ids = self.rank_ids[ranks]
+        leftover = np.flatnonzero(ids < 0)
+        if not len(leftover):
+            return ids, starts
+        sizes = np.ones(len(ids), dtype=np.int64)
+        sizes[leftover] = self._fallback_size[ranks[leftover]]
+        at = np.cumsum(sizes) - sizes  # where each of tiktoken's tokens lands
+        out_ids = np.empty(int(sizes.sum()), dtype=np.int32)
+        out_starts = np.empty(len(out_ids), dtype=np.int64)
+        out_ids[at], out_starts[at] = ids, starts
+        for k in range(self._fallback_ids.shape[1]):  # the k-th byte of every leftover prefix that long
+            hit = leftover[sizes[leftover] > k]
+            out_ids[at[hit] + k] = self._fallback_ids[ranks[hit], k]
+            out_starts[at[hit] + k] = starts[hit] + k
+        return out_ids, out_starts
+
+
 class TiktokenBackend:
-    def __init__(self, encoding, token_bytes: np.ndarray, nfc: bool, prefix, suffix, num_threads: int):
+    def __init__(self, encoding, token_bytes: np.ndarray, nfc: bool, prefix, suffix, num_threads: int,
+                 sentencepiece: _SentencePiece | None = None):
         self.encoding = encoding
-        self._token_bytes = token_bytes  # int64 byte length of each id
+        self._token_bytes = token_bytes  # int64 byte length of each rank
         self._nfc = nfc
         self._prefix = np.asarray(prefix, dtype=np.int32)  # what add_special_tokens=True adds
         self._suffix = np.asarray(suffix, dtype=np.int32)
         self.num_threads = num_threads
+        self._spm = sentencepiece
 
     @classmethod
     def from_hf(cls, tokenizer, num_threads: int | None = None) -> tuple[TiktokenBackend | None, str]:
@@ -71,11 +139,23 @@ class TiktokenBackend:
             return None, "not a Hugging Face fast tokenizer"
         if hf.truncation or hf.padding:
             return None, "the tokenizer truncates or pads"
+        spm = None
         try:
-            nfc = _normalizer(_state(hf.normalizer))
-            pattern = _pattern(_state(hf.pre_tokenizer))
             special = _added_tokens(hf.get_added_tokens_decoder())
-            ranks = _ranks(hf.model, set(special.values()))
+            if getattr(hf.model, "byte_fallback", False):
+                if any(token.normalized for token in hf.get_added_tokens_decoder().values()):
+                    raise _NotEligible("an added token is matched after normalization")
+                prepend = _sentencepiece_normalizer(_state(hf.normalizer), _state(hf.pre_tokenizer))
+                nfc, pattern = False, SPM_PATTERN
+                ranks, rank_ids, fallback = _sentencepiece_ranks(hf.model, set(special.values()))
+                special_ranks = {content: len(rank_ids) + i for i, content in enumerate(special)}
+                rank_ids = np.concatenate([rank_ids, np.array(list(special.values()), dtype=np.int32)])
+                spm = _SentencePiece(prepend, list(special), rank_ids, fallback)
+                special = special_ranks
+            else:
+                nfc = _normalizer(_state(hf.normalizer))
+                pattern = _pattern(_state(hf.pre_tokenizer))
+                ranks = _ranks(hf.model, set(special.values()))
             _check_post_processor(_state(hf.post_processor))
             prefix, suffix = _added_by_post_processor(hf)
         except _NotEligible as exc:
@@ -85,51 +165,57 @@ class TiktokenBackend:
         lengths = np.zeros(encoding.max_token_value + 1, dtype=np.int64)
         for piece, rank in ranks.items():
             lengths[rank] = len(piece)
-        for content, token in special.items():
-            lengths[token] = len(content.encode("utf-8"))
+        for content, rank in special.items():
+            lengths[rank] = len(content.encode("utf-8"))
         threads = num_threads or len(os.sched_getaffinity(0))
-        return cls(encoding, lengths, nfc, prefix, suffix, threads), "exact tiktoken conversion"
+        kind = "SentencePiece" if spm else "byte-level"
+        return cls(encoding, lengths, nfc, prefix, suffix, threads, spm), f"exact tiktoken conversion ({kind} BPE)"
 
     def can_encode(self, text: str) -> bool:
         """False for a text the normalizer would change (non-NFC text under an NFC normalizer)."""
         return not self._nfc or unicodedata.is_normalized("NFC", text)
 
-    def encode_batch(self, texts: list[str], add_special_tokens: bool = False) -> list[tuple[np.ndarray, np.ndarray]]:
-        """(ids int32, byte offset where each token starts int64) for each text."""
+    def encode_batch(self, texts: list[str], add_special_tokens: bool = False,
+                     positions: list[list[int]] | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+        """For each text: ids (int32), and the index of the first token that starts at or after each
+        of its character ``positions``."""
+        positions = positions or [[] for _ in texts]
+        if self._spm is not None:
+            texts, positions = zip(*map(self._spm.transform, texts, positions)) if texts else ((), ())
         if self.num_threads > 1 and len(texts) > 1:
-            batch = self.encoding.encode_batch(texts, allowed_special="all", num_threads=self.num_threads)
+            batch = self.encoding.encode_batch(list(texts), allowed_special="all", num_threads=self.num_threads)
         else:
             batch = [self.encoding.encode(text, allowed_special="all") for text in texts]
         out = []
-        for text, ids in zip(texts, batch):
-            ids = np.array(ids, dtype=np.int32)
-            starts = np.zeros(len(ids), dtype=np.int64)
-            np.cumsum(self._token_bytes[ids[:-1]], out=starts[1:])
-            if add_special_tokens and (len(self._prefix) or len(self._suffix)):
-                end = int(starts[-1] + self._token_bytes[ids[-1]]) if len(ids) else 0
-                ids = np.concatenate([self._prefix, ids, self._suffix])
-                starts = np.concatenate([np.zeros(len(self._prefix), np.int64), starts,
-                                         np.full(len(self._suffix), end, np.int64)])
-            out.append((ids, starts))
+        for text, wanted, ranks in zip(texts, positions, batch):
+            ranks = np.array(ranks, dtype=np.int32)
+            starts = np.zeros(len(ranks), dtype=np.int64)
+            np.cumsum(self._token_bytes[ranks[:-1]], out=starts[1:])
+            ids = ranks
+            if self._spm is not None:
+                ids, starts = self._spm.ids(ranks, starts)
+            cuts = _first_tokens_at_or_after(starts, text, wanted)
+            if add_special_tokens and len(self._prefix):
+                ids, cuts = np.concatenate([self._prefix, ids]), cuts + len(self._prefix) * (cuts > 0)
+            if add_special_tokens and len(self._suffix):
+                ids = np.concatenate([ids, self._suffix])
+            out.append((ids, cuts))
         return out
 
-    def first_token_at_or_after(self, byte_starts: np.ndarray, text: str, char_pos: int) -> int:
-        """Index of the first token that starts at or after character ``char_pos`` of ``text``."""
-        return int(self.first_tokens_at_or_after(byte_starts, text, [char_pos])[0])
 
-    def first_tokens_at_or_after(self, byte_starts: np.ndarray, text: str, char_positions: list[int]) -> np.ndarray:
-        """The same for many positions, converting characters to bytes in one pass when sorted."""
-        if text.isascii():
-            positions = char_positions
-        else:
-            positions, char, byte = [], 0, 0
-            for pos in char_positions:
-                if pos < char:
-                    char, byte = 0, 0
-                byte += len(text[char:pos].encode("utf-8", "surrogatepass"))
-                char = pos
-                positions.append(byte)
-        return np.searchsorted(byte_starts, positions, side="left")
+def _first_tokens_at_or_after(byte_starts: np.ndarray, text: str, char_positions: list[int]) -> np.ndarray:
+    """Index of the first token that starts at or after each character position of ``text``."""
+    if text.isascii():
+        positions = char_positions
+    else:
+        positions, char, byte = [], 0, 0
+        for pos in char_positions:
+            if pos < char:
+                char, byte = 0, 0
+            byte += len(text[char:pos].encode("utf-8", "surrogatepass"))
+            char = pos
+            positions.append(byte)
+    return np.searchsorted(byte_starts, np.asarray(positions, dtype=np.int64), side="left")
 
 
 def check_equivalence(hf_tokenizer, backend: TiktokenBackend, sample_texts: list[str]) -> str | None:
@@ -168,6 +254,7 @@ def guard_sample(tokenizer) -> list[str]:
         " ",
         "\n",
         "a" * 300 + " " + "ab" * 150 + " " + "9" * 40,
+        "".join(f"{' ' * n}w{n}\n" for n in range(1, 40)) + " " * 100,
     ]
 
 
@@ -243,6 +330,110 @@ def _ranks(model, added_ids: set[int]) -> dict[bytes, int]:
     if any(len(piece) > 1 and token not in produced for piece, token in ranks.items()):
         raise _NotEligible("some multi-byte tokens come from no merge")
     return ranks
+
+
+def _sentencepiece_normalizer(normalizer: dict | None, pre: dict | None) -> bool:
+    """Whether each segment gets a ``▁`` prefix; _NotEligible unless the normalizer is SentencePiece's."""
+    if pre is not None:
+        raise _NotEligible(f"SentencePiece BPE with a pre-tokenizer ({pre.get('type')}) is not supported")
+    steps = normalizer.get("normalizers", []) if normalizer and normalizer.get("type") == "Sequence" else \
+        [normalizer] if normalizer else []
+    replace = {"type": "Replace", "pattern": {"String": " "}, "content": SPACE}
+    if steps == [{"type": "Prepend", "prepend": SPACE}, replace]:
+        return True
+    if steps == [replace]:
+        return False
+    raise _NotEligible(f"normalizer {[step.get('type') for step in steps]} is not SentencePiece's space handling")
+
+
+def _sentencepiece_ranks(model, added_ids: set[int]) -> tuple[dict[bytes, int], np.ndarray, dict[int, list[int]]]:
+    """tiktoken ranks for a SentencePiece BPE model, each rank's HF id, and the byte-fallback ids of
+    the ranks that are only a prefix of a character (see the module docstring)."""
+    if type(model).__name__ != "BPE" or model.dropout or model.continuing_subword_prefix or model.end_of_word_suffix:
+        raise _NotEligible("not a plain BPE model")
+    with tempfile.TemporaryDirectory() as folder:
+        vocab_file, merges_file = model.save(folder)
+        with open(vocab_file, encoding="utf-8") as handle:
+            vocab = json.load(handle)
+        with open(merges_file, encoding="utf-8", newline="") as handle:  # pieces may hold "\r"
+            merges = [tuple(line.split(" ")) for line in handle.read().split("\n")[1:] if line]
+    try:
+        byte_ids = [vocab[f"<0x{b:02X}>"] for b in range(256)]
+    except KeyError as exc:
+        raise _NotEligible(f"byte-fallback token {exc} is missing") from None
+    pieces = {piece: token for piece, token in vocab.items() if token not in added_ids}
+    if any(re.search(f"[^{SPACE}]{SPACE}", piece) for piece in pieces):
+        raise _NotEligible("a vocabulary piece has a space after another character: words cannot be split")
+    ranks: dict[bytes, int] = {}
+    rank_ids: list[int] = []
+    fallback: dict[int, list[int]] = {}
+
+    def add(piece: bytes, token: int) -> None:
+        ranks[piece] = len(rank_ids)
+        rank_ids.append(token)
+
+    for b in range(256):  # single bytes: an ASCII character of the vocabulary, else a byte-fallback token
+        add(bytes([b]), pieces.get(chr(b), byte_ids[b]) if b < 128 else byte_ids[b])
+    for char in (piece for piece in pieces if len(piece) == 1 and ord(piece) >= 128):
+        encoded = char.encode("utf-8")
+        for end in range(2, len(encoded)):
+            if encoded[:end] not in ranks:
+                fallback[len(rank_ids)] = [byte_ids[b] for b in encoded[:end]]
+                add(encoded[:end], -1)
+        add(encoded, pieces[char])
+    made, runs = None, {}
+    for index, (left, right) in enumerate(merges):
+        piece = left + right
+        if set(piece) == {SPACE}:  # runs of spaces: ranked below, after every other piece
+            runs[(len(left), len(right))] = index
+            continue
+        if runs:
+            raise _NotEligible("a merge of runs of spaces comes before other merges")
+        if piece == made:
+            continue
+        if piece.encode("utf-8") in ranks:
+            raise _NotEligible(f"the merges that make {piece!r} are not listed together")
+        if left not in pieces or right not in pieces or piece not in pieces:
+            raise _NotEligible(f"merge {left!r} + {right!r} is not between vocabulary pieces")
+        add(piece.encode("utf-8"), pieces[piece])
+        made = piece
+    _rank_runs(runs, pieces, add)
+    merge_set = set(merges)
+    for piece in (p for p in pieces if len(p) > 1 and p.encode("utf-8") in ranks):
+        for cut in range(1, len(piece)):
+            left, right = piece[:cut], piece[cut:]
+            if left.encode("utf-8") in ranks and right.encode("utf-8") in ranks and (left, right) not in merge_set:
+                raise _NotEligible(f"{left!r} + {right!r} makes {piece!r} but is not a merge")
+    return ranks, np.array(rank_ids, dtype=np.int32), fallback
+
+
+def _rank_runs(runs: dict[tuple[int, int], int], pieces: dict[str, int], add) -> None:
+    """Rank the pieces that are runs of spaces, longest first.
+
+    SentencePiece converters list the merges of runs last, with equal scores, longer left part
+    first; so only runs merge with runs, after everything else. Both ways of choosing the next
+    merge (HF: the listed-first pair; tiktoken: the lowest-ranked result) are played out on every
+    run up to four times the longest piece and must split it alike; both grow runs left to right,
+    so longer runs repeat what these show.
+    """
+    lengths = sorted((len(piece) for piece in pieces if set(piece) == {SPACE} and len(piece) > 1), reverse=True)
+    for n in lengths:
+        add((SPACE * n).encode("utf-8"), pieces[SPACE * n])
+    rank = {n: i for i, n in enumerate(lengths)}
+    for n in range(2, 4 * max(lengths, default=1) + 2):
+        if _split_run(n, lambda a, b: runs.get((a, b))) != _split_run(n, lambda a, b: rank.get(a + b)):
+            raise _NotEligible(f"a run of {n} spaces splits differently with tiktoken's ranks")
+
+
+def _split_run(n: int, priority) -> list[int]:
+    """How BPE splits n single spaces when ``priority(a, b)`` orders merging runs a and b (None: no merge)."""
+    parts = [1] * n
+    while True:
+        candidates = [(p, i) for i, (a, b) in enumerate(zip(parts, parts[1:])) if (p := priority(a, b)) is not None]
+        if not candidates:
+            return parts
+        _, i = min(candidates)
+        parts[i : i + 2] = [parts[i] + parts[i + 1]]
 
 
 def _check_post_processor(post: dict | None) -> None:

@@ -169,9 +169,9 @@ class ChatEncoder:
                 continue
             texts = [rendered[i].text for i in group]
             if use_fast:
-                for i, (ids, starts) in zip(group, fast.encode_batch(texts, add_special_tokens=special)):
-                    bounds = [c for span in rendered[i].spans for c in span]
-                    results[i] = (ids, fast.first_tokens_at_or_after(starts, rendered[i].text, bounds).tolist())
+                bounds = [[c for span in rendered[i].spans for c in span] for i in group]
+                for i, (ids, cuts) in zip(group, fast.encode_batch(texts, special, bounds)):
+                    results[i] = (ids, cuts.tolist())
             else:
                 for i, encoding in zip(group, self._backend.encode_batch(texts, add_special_tokens=special)):
                     ids, n = np.asarray(encoding.ids, dtype=np.int32), len(rendered[i].text)

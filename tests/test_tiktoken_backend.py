@@ -17,6 +17,8 @@ from .test_labels_reference import FILES, conversations
 
 BYTE_LEVEL = ["llama3", "qwen2.5", "gpt2"]
 SENTENCEPIECE = ["mistral-7b-v0.1", "llama2"]
+TRICKY = ("<s>[INST] a  b   c [/INST]  x</s>\n\n  \t é 中文 𝔘 \u0001 \u2028 鿿 " + " " * 40 + "end "
+          "<|eot_id|>  <|im_end|>\n" + "".join(f"{' ' * m}w" for m in range(1, 20)))
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +45,7 @@ def assert_same(expected, got):
 
 
 @needs_fixtures
-@pytest.mark.parametrize("name", BYTE_LEVEL)
+@pytest.mark.parametrize("name", BYTE_LEVEL + SENTENCEPIECE)
 def test_ids_and_labels_equal_hf_on_every_fixture_file(tokenizers, name):
     tok = tokenizer(tokenizers, name)
     hf, fast = ChatEncoder(tok, backend="hf"), ChatEncoder(tok, backend="tiktoken")
@@ -79,15 +81,51 @@ def test_pack_writes_the_same_shards_with_either_backend(tmp_path):
 
 
 @needs_fixtures
+def test_a_tokenizer_tiktoken_cannot_reproduce_is_left_to_hf(tokenizers):
+    from tokenizers import normalizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = tokenizer(tokenizers, "llama2")
+    changed = tok.backend_tokenizer.__class__.from_str(tok.backend_tokenizer.to_str())
+    changed.normalizer = normalizers.Sequence([normalizers.Lowercase(), changed.normalizer])
+    lowercasing = PreTrainedTokenizerFast(tokenizer_object=changed, bos_token="<s>", eos_token="</s>")
+    lowercasing.chat_template = tok.chat_template
+    backend, reason = TiktokenBackend.from_hf(lowercasing)
+    assert backend is None and "normalizer ['Lowercase', 'Prepend', 'Replace']" in reason
+    with pytest.warns(UserWarning, match="not tiktoken: normalizer"):
+        assert ChatEncoder(lowercasing).backend_name == "hf"
+    with pytest.raises(ConfigError, match="tiktoken is not possible"):
+        ChatEncoder(lowercasing, backend="tiktoken")
+
+
+@needs_fixtures
 @pytest.mark.parametrize("name", SENTENCEPIECE)
-def test_sentencepiece_tokenizers_are_not_eligible(tokenizers, name):
+def test_sentencepiece_byte_fallback_and_space_runs_equal_hf(tokenizers, name):
     tok = tokenizer(tokenizers, name)
     backend, reason = TiktokenBackend.from_hf(tok)
-    assert backend is None and "normalizer" in reason
-    with pytest.warns(UserWarning, match="not tiktoken: normalizer"):
-        assert ChatEncoder(tok).backend_name == "hf"
-    with pytest.raises(ConfigError, match="tiktoken is not possible"):
-        ChatEncoder(tok, backend="tiktoken")
+    assert backend is not None, reason
+    vocab = tok.get_vocab()
+    ranks = backend.encoding._mergeable_ranks
+    # a character outside the vocabulary whose first two bytes are a prefix of one inside it:
+    # tiktoken merges those two bytes, and they must come back as two byte-fallback tokens
+    orphan = next(c for c in map(chr, range(0x4E00, 0xA000)) if c not in vocab and c.encode()[:2] in ranks)
+    texts = [f"x{orphan}y", orphan * 3, TRICKY, *(" " * n + "z" for n in range(70)), *(" " * n for n in range(70))]
+    assert check_equivalence(tok, backend, texts) is None
+
+
+@needs_fixtures
+@pytest.mark.parametrize("name", ["llama3", *SENTENCEPIECE])
+def test_cuts_equal_hf_at_every_character(tokenizers, name):
+    """The first token at or after each character, as HF's offsets place it (the labels rest on it)."""
+    from packprep.tokenize import _first_token_at_or_after
+
+    tok = tokenizer(tokenizers, name)
+    backend, _ = TiktokenBackend.from_hf(tok)
+    encoding = tok.backend_tokenizer.encode(TRICKY, add_special_tokens=False)
+    expected = [_first_token_at_or_after(encoding, c, len(encoding.ids), len(TRICKY)) for c in range(len(TRICKY) + 1)]
+    (ids, cuts), = backend.encode_batch([TRICKY], False, [list(range(len(TRICKY) + 1))])
+    assert ids.tolist() == encoding.ids
+    assert cuts.tolist() == expected
 
 
 def swap_ranks(monkeypatch, a: bytes, b: bytes):
@@ -126,15 +164,3 @@ def test_the_data_guard_catches_what_the_sample_missed(tokenizers, monkeypatch):
         got = encoder.encode(batch)
     assert encoder.backend_name == "hf"
     assert_same(ChatEncoder(tok, backend="hf").encode(batch), got)
-
-
-@needs_fixtures
-def test_byte_offsets_place_character_positions(tokenizers):
-    backend, _ = TiktokenBackend.from_hf(tokenizer(tokenizers, "llama3"))
-    text = "ab 你好 <|eot_id|>x"
-    (ids, starts), = backend.encode_batch([text])
-    assert starts[0] == 0 and starts[-1] == len(text[:-1].encode())
-    for char in range(len(text) + 1):
-        first = backend.first_token_at_or_after(starts, text, char)
-        assert all(s < len(text[:char].encode()) for s in starts[:first])
-        assert all(s >= len(text[:char].encode()) for s in starts[first:])
