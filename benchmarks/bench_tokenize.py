@@ -3,13 +3,14 @@
     HF_HUB_OFFLINE=1 /work/venv-bench/bin/python benchmarks/bench_tokenize.py [--n 5000] [--repeat 3]
 
 Data: every file of ../shared/fixtures/conversations/, normalized by packprep, cycled to ``--n``
-conversations; tokenizers llama3 and qwen2.5 from ../shared/fixtures/tokenizers/. For each
+conversations; tokenizers llama3, qwen2.5 (byte-level BPE), mistral-7b-v0.1 and llama2
+(SentencePiece BPE) from ../shared/fixtures/tokenizers/. For each
 tokenizer, every method runs once per repeat, round-robin (so machine noise hits all alike), and the
 table gives the median. tokens/s is always the *same* token count -- the tokens of packprep's
 rendering of the conversations (one tokenizer call, no truncation) -- divided by the method's time.
 
 Methods:
-  render            packprep renders the chat template (every prefix it needs for the labels)
+  render            packprep renders the chat template (once per conversation, finding every turn)
   hf raw            tokenizer.backend_tokenizer.encode_batch(all rendered texts), Rayon threads
   tiktoken raw      tiktoken Encoding.encode_batch(all rendered texts, num_threads=cores)
   stage hf|tiktoken ChatEncoder.encode in batches of 256: render + tokenize + labels, one process
@@ -22,6 +23,8 @@ Methods:
                     tokenizer (and, with 2 processes, loading it again in each worker)
 
 TRL needs ``trl`` (with torch==2.13.0) in the running interpreter; without it that row is skipped.
+It runs for llama3 and qwen2.5 only (``--trl-tokenizers``): TRL stops at the first conversation a
+template refuses, and the Mistral and Llama-2 templates refuse the fixtures' system turns.
 """
 
 from __future__ import annotations
@@ -100,7 +103,7 @@ def make_trl(tok, convs, tmp):
     return run
 
 
-def bench(name: str, convs, repeat: int, tmp: Path, skip_trl: bool) -> list[tuple]:
+def bench(name: str, convs, repeat: int, tmp: Path, with_trl: bool) -> list[tuple]:
     tokenizer_path = str(FIXTURES / "tokenizers" / name)
     tok = load_tokenizer(tokenizer_path)
     hf_encoder = ChatEncoder(tok, backend="hf")
@@ -131,7 +134,7 @@ def bench(name: str, convs, repeat: int, tmp: Path, skip_trl: bool) -> list[tupl
         "stage: ChatEncoder hf": stage(hf_encoder),
         "stage: ChatEncoder tiktoken": stage(tk_encoder),
     }
-    trl = None if skip_trl else make_trl(tok, convs, tmp)
+    trl = make_trl(tok, convs, tmp) if with_trl else None
     if trl is not None:
         methods["TRL SFT prepare (num_proc=2)"] = trl
     for backend in ("hf", "tiktoken"):
@@ -168,8 +171,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=5000, help="conversations (the fixtures, cycled)")
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--tokenizers", nargs="+", default=["llama3", "qwen2.5"])
-    parser.add_argument("--skip-trl", action="store_true")
+    parser.add_argument("--tokenizers", nargs="+", default=["llama3", "qwen2.5", "mistral-7b-v0.1", "llama2"])
+    parser.add_argument("--trl-tokenizers", nargs="*", default=["llama3", "qwen2.5"])
     args = parser.parse_args()
     convs = load_conversations(args.n)
     print(f"{len(convs)} conversations; {os.cpu_count()} cores ({len(os.sched_getaffinity(0))} usable); "
@@ -177,7 +180,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.tokenizers:
-            rows += bench(name, convs, args.repeat, Path(tmp), args.skip_trl)
+            rows += bench(name, convs, args.repeat, Path(tmp), name in args.trl_tokenizers)
     tokens = {r[0]: r[6] for r in rows}
     print()
     print("tokens (packprep rendering, untruncated): " + ", ".join(f"{k} {v:,}" for k, v in tokens.items()))

@@ -20,7 +20,9 @@ SentencePiece BPE (``byte_fallback``, no pre-tokenizer, normalizer ``Prepend("�
 ``Replace(" ", "▁")`` or the Replace alone) is reproduced like this, see ``_SentencePiece``:
 
 * the text is split on added tokens and each other segment normalized as HF does (every non-empty
-  segment gets the ``▁`` prefix: the "legacy" behaviour of these tokenizer.json files);
+  segment gets the ``▁`` prefix: the "legacy" behaviour of these tokenizer.json files). tiktoken
+  sees ``▁`` as a plain space, one byte instead of three (the vocabulary has no plain space), so a
+  literal ``▁`` in the text becomes a space too, as HF's normalizer makes them alike;
 * HF runs BPE over each whole segment; tiktoken needs pieces. Cutting before each run of ``▁`` is
   exact when no vocabulary piece holds a ``▁`` after another character (checked): no merge can
   then cross the cut;
@@ -48,7 +50,7 @@ import numpy as np
 # The ByteLevel pre-tokenizer's regex (use_regex=True), as in tokenizers' byte_level.rs.
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 SPACE = "\u2581"  # SentencePiece's visible space
-SPM_PATTERN = f"{SPACE}*[^{SPACE}]+|{SPACE}+"  # a run of spaces and the word after it
+SPM_PATTERN = " *[^ ]+| +"  # a run of spaces and the word after it (tiktoken sees ▁ as a plain space)
 
 
 class _NotEligible(Exception):
@@ -89,7 +91,7 @@ class _SentencePiece:
             if i % 2 or not part:
                 out.append(part)
             else:
-                out.append((SPACE if self.prepend else "") + part.replace(" ", SPACE))
+                out.append((" " if self.prepend else "") + part.replace(SPACE, " "))
                 starts.append(at)
             at += len(part)
         if self.prepend:
@@ -184,11 +186,11 @@ class TiktokenBackend:
             texts, positions = zip(*map(self._spm.transform, texts, positions)) if texts else ((), ())
         if self.num_threads > 1 and len(texts) > 1:
             batch = self.encoding.encode_batch(list(texts), allowed_special="all", num_threads=self.num_threads)
-        else:
-            batch = [self.encoding.encode(text, allowed_special="all") for text in texts]
+        else:  # straight into an array, without a Python list in between
+            batch = [self.encoding.encode_to_numpy(text, allowed_special="all") for text in texts]
         out = []
         for text, wanted, ranks in zip(texts, positions, batch):
-            ranks = np.array(ranks, dtype=np.int32)
+            ranks = np.asarray(ranks).astype(np.int32)
             starts = np.zeros(len(ranks), dtype=np.int64)
             np.cumsum(self._token_bytes[ranks[:-1]], out=starts[1:])
             ids = ranks
@@ -364,6 +366,8 @@ def _sentencepiece_ranks(model, added_ids: set[int]) -> tuple[dict[bytes, int], 
     pieces = {piece: token for piece, token in vocab.items() if token not in added_ids}
     if any(re.search(f"[^{SPACE}]{SPACE}", piece) for piece in pieces):
         raise _NotEligible("a vocabulary piece has a space after another character: words cannot be split")
+    if SPACE not in pieces or any(" " in piece for piece in pieces):
+        raise _NotEligible("the vocabulary has no \u2581, or has a plain space")
     ranks: dict[bytes, int] = {}
     rank_ids: list[int] = []
     fallback: dict[int, list[int]] = {}
@@ -374,7 +378,8 @@ def _sentencepiece_ranks(model, added_ids: set[int]) -> tuple[dict[bytes, int], 
 
     for b in range(256):  # single bytes: an ASCII character of the vocabulary, else a byte-fallback token
         add(bytes([b]), pieces.get(chr(b), byte_ids[b]) if b < 128 else byte_ids[b])
-    for char in (piece for piece in pieces if len(piece) == 1 and ord(piece) >= 128):
+    rank_ids[ord(" ")] = pieces[SPACE]  # the stand-in for ▁
+    for char in (piece for piece in pieces if len(piece) == 1 and ord(piece) >= 128 and piece != SPACE):
         encoded = char.encode("utf-8")
         for end in range(2, len(encoded)):
             if encoded[:end] not in ranks:
@@ -391,20 +396,25 @@ def _sentencepiece_ranks(model, added_ids: set[int]) -> tuple[dict[bytes, int], 
             raise _NotEligible("a merge of runs of spaces comes before other merges")
         if piece == made:
             continue
-        if piece.encode("utf-8") in ranks:
+        if _key(piece) in ranks:
             raise _NotEligible(f"the merges that make {piece!r} are not listed together")
         if left not in pieces or right not in pieces or piece not in pieces:
             raise _NotEligible(f"merge {left!r} + {right!r} is not between vocabulary pieces")
-        add(piece.encode("utf-8"), pieces[piece])
+        add(_key(piece), pieces[piece])
         made = piece
     _rank_runs(runs, pieces, add)
     merge_set = set(merges)
-    for piece in (p for p in pieces if len(p) > 1 and p.encode("utf-8") in ranks):
+    for piece in (p for p in pieces if len(p) > 1 and _key(p) in ranks):
         for cut in range(1, len(piece)):
             left, right = piece[:cut], piece[cut:]
-            if left.encode("utf-8") in ranks and right.encode("utf-8") in ranks and (left, right) not in merge_set:
+            if _key(left) in ranks and _key(right) in ranks and (left, right) not in merge_set:
                 raise _NotEligible(f"{left!r} + {right!r} makes {piece!r} but is not a merge")
     return ranks, np.array(rank_ids, dtype=np.int32), fallback
+
+
+def _key(piece: str) -> bytes:
+    """A SentencePiece piece as tiktoken sees it: ▁ becomes one plain space byte instead of three."""
+    return piece.replace(SPACE, " ").encode("utf-8")
 
 
 def _rank_runs(runs: dict[tuple[int, int], int], pieces: dict[str, int], add) -> None:
@@ -418,7 +428,7 @@ def _rank_runs(runs: dict[tuple[int, int], int], pieces: dict[str, int], add) ->
     """
     lengths = sorted((len(piece) for piece in pieces if set(piece) == {SPACE} and len(piece) > 1), reverse=True)
     for n in lengths:
-        add((SPACE * n).encode("utf-8"), pieces[SPACE * n])
+        add(_key(SPACE * n), pieces[SPACE * n])
     rank = {n: i for i, n in enumerate(lengths)}
     for n in range(2, 4 * max(lengths, default=1) + 2):
         if _split_run(n, lambda a, b: runs.get((a, b))) != _split_run(n, lambda a, b: rank.get(a + b)):
