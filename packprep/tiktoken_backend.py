@@ -404,10 +404,11 @@ def _sentencepiece_ranks(model, added_ids: set[int]) -> tuple[dict[bytes, int], 
         made = piece
     _rank_runs(runs, pieces, add)
     merge_set = set(merges)
-    for piece in (p for p in pieces if len(p) > 1 and _key(p) in ranks):
+    ranked = {piece for piece in pieces if _key(piece) in ranks}
+    for piece in (p for p in ranked if len(p) > 1):
         for cut in range(1, len(piece)):
             left, right = piece[:cut], piece[cut:]
-            if _key(left) in ranks and _key(right) in ranks and (left, right) not in merge_set:
+            if left in ranked and right in ranked and (left, right) not in merge_set:
                 raise _NotEligible(f"{left!r} + {right!r} makes {piece!r} but is not a merge")
     return ranks, np.array(rank_ids, dtype=np.int32), fallback
 
