@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import warnings
 from collections import Counter, deque
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
@@ -131,7 +132,7 @@ def pack(
             )
         shutil.rmtree(store.cache_dir)
         manifest = _manifest(config, sources, formats, tok, tokenizer, ledger, store, segments, shards,
-                             encoder.backend_name)
+                             encoder.backends_summary)
         (tmp / "packprep.json").write_text(json.dumps(manifest, indent=2) + "\n")
         (tmp / "README.md").write_text(render_card(manifest))
         from .verify import verify
@@ -263,8 +264,10 @@ def _batches(iterable: Iterable, size: int) -> Iterator[list]:
 _WORKER_ENCODER: ChatEncoder | None = None  # set before forking: workers inherit the loaded encoder
 
 
-def _worker_encode(conversations: list[Conversation]) -> list:
-    return _WORKER_ENCODER.encode(conversations)
+def _worker_encode(conversations: list[Conversation]) -> tuple[list, str]:
+    """Encode a batch in a worker process; also say which backend did (the guard may have switched)."""
+    encoded = _WORKER_ENCODER.encode(conversations)
+    return encoded, _WORKER_ENCODER.backend_name
 
 
 def _tokenize_all(
@@ -302,10 +305,14 @@ def _encode(batches, encoder, tokenizer, config, num_proc, engine, ray_address):
     if engine == "ray":
         from .engines.ray import ray_encode_batches
 
-        yield from ray_encode_batches(batches, tokenizer, config, ray_address, num_proc)
+        for batch, (encoded, backend) in ray_encode_batches(batches, tokenizer, config, ray_address, num_proc):
+            _note_backend(encoder, backend)
+            yield batch, encoded
     elif num_proc == 1:
         for batch in batches:
-            yield batch, encoder.encode([c for _, _, c in batch])
+            encoded = encoder.encode([c for _, _, c in batch])
+            encoder.backends_used.add(encoder.backend_name)
+            yield batch, encoded
     else:
         # Forked workers inherit the parent's encoder: no second tokenizer load or tiktoken build.
         # Each worker tokenizes on one thread; the processes are the parallelism.
@@ -315,13 +322,23 @@ def _encode(batches, encoder, tokenizer, config, num_proc, engine, ray_address):
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
         try:
             with encoder.one_thread(), ProcessPoolExecutor(num_proc, multiprocessing.get_context("fork")) as pool:
-                yield from _ordered_map(pool, batches, num_proc * 4)
+                for batch, (encoded, backend) in _ordered_map(pool, batches, num_proc * 4):
+                    _note_backend(encoder, backend)
+                    yield batch, encoded
         finally:
             _WORKER_ENCODER = None
             if saved is None:
                 os.environ.pop("TOKENIZERS_PARALLELISM", None)
             else:
                 os.environ["TOKENIZERS_PARALLELISM"] = saved
+
+
+def _note_backend(encoder: ChatEncoder, backend: str) -> None:
+    """Record the backend a worker used, and say so here when it fell back: its warning stays in it."""
+    if backend != encoder.backend_name and backend not in encoder.backends_used:
+        warnings.warn(f"a worker tokenized with {backend}, not {encoder.backend_name}: its runtime check found "
+                      "a text tiktoken tokenizes differently from HF (the output is HF's either way)", stacklevel=2)
+    encoder.backends_used.add(backend)
 
 
 def _ordered_map(pool, batches, in_flight: int):

@@ -69,6 +69,7 @@ class ChatEncoder:
         self.requested_backend = backend
         self._fast = None
         self._guard_chars = GUARD_CHARS
+        self.backends_used: set[str] = set()  # what encoded the run's data batches, in any process
         if backend != "hf":
             from .tiktoken_backend import TiktokenBackend, check_equivalence, guard_sample
 
@@ -95,6 +96,14 @@ class ChatEncoder:
     @property
     def backend_name(self) -> str:
         return "tiktoken" if self._fast is not None else "hf"
+
+    @property
+    def backends_summary(self) -> str:
+        """For the manifest: "tiktoken", "hf", or "tiktoken+hf" when some process fell back to HF
+        after the runtime guard (the output is identical either way)."""
+        if len(self.backends_used) > 1:
+            return "tiktoken+hf"
+        return next(iter(self.backends_used), self.backend_name)
 
     def _refuse_tiktoken(self, reason: str) -> None:
         self._fast = None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import numpy as np
 import pytest
 
@@ -164,3 +166,27 @@ def test_the_data_guard_catches_what_the_sample_missed(tokenizers, monkeypatch):
         got = encoder.encode(batch)
     assert encoder.backend_name == "hf"
     assert_same(ChatEncoder(tok, backend="hf").encode(batch), got)
+
+
+@needs_fixtures
+def test_the_manifest_says_when_worker_processes_fell_back_to_hf(tokenizers, monkeypatch, tmp_path):
+    """Each worker runs the data guard on its own first texts; a fallback there must reach the manifest."""
+    import json
+
+    swap_ranks(monkeypatch, b" Paris", b" London")
+    monkeypatch.setattr(tiktoken_backend, "guard_sample", lambda tokenizer: ["nothing to see"])
+    data = tmp_path / "chats.jsonl"
+    with open(data, "w") as handle:
+        for i in range(600):  # three batches of 256; only the first mentions Paris
+            reply = "It is Paris." if i < 256 else f"It is number {i}."
+            handle.write(json.dumps({"messages": [{"role": "user", "content": "Capital?"},
+                                                  {"role": "assistant", "content": reply}]}) + "\n")
+    outputs = {}
+    for backend, num_proc in (("auto", 2), ("hf", 1)):
+        with pytest.warns(UserWarning, match="a worker tokenized with hf") if backend == "auto" else nullcontext():
+            manifest = packprep.pack(str(data), tmp_path / backend, fixture_tokenizer("gpt2"), max_len=256,
+                                     num_proc=num_proc, tokenizer_backend=backend)
+        outputs[backend] = [p.read_bytes() for p in sorted((tmp_path / backend / "data").iterdir())]
+        if backend == "auto":
+            assert manifest["tokenizer"]["backend"] in ("hf", "tiktoken+hf")
+    assert outputs["auto"] == outputs["hf"]

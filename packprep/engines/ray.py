@@ -120,7 +120,8 @@ class EncoderActor:
     def __call__(self, batch: dict) -> dict:
         results = []
         for blob in batch["batch"]:
-            results.append(pickle.dumps(self.encoder.encode(pickle.loads(blob)), protocol=5))
+            encoded = self.encoder.encode(pickle.loads(blob))
+            results.append(pickle.dumps((encoded, self.encoder.backend_name), protocol=5))
         return {"seq": batch["seq"], "result": results}
 
 
@@ -133,8 +134,9 @@ def ray_encode_batches(
     *,
     in_flight: int | None = None,
 ) -> Iterator[tuple[list, list]]:
-    """Yield ``(batch, encoded)`` for every batch of ``(source_index, record, conversation)``,
-    in input order, as the local engine does; ``encoded[i]`` is an ``Encoded`` or a ``Rejected``.
+    """Yield ``(batch, (encoded, backend))`` for every batch of ``(source_index, record,
+    conversation)``, in input order, as the local engine does; ``encoded[i]`` is an ``Encoded`` or a
+    ``Rejected``, and ``backend`` the tokenizer backend of the actor that encoded the batch.
 
     Connects to ``ray_address`` when given (``"auto"``: the cluster this machine belongs to), else
     uses the Ray instance already running in this process, else starts a local one with
