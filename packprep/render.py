@@ -172,10 +172,14 @@ class _Messages:
     __hash__ = None
 
 
-def _loop_step_code():
-    from jinja2.runtime import LoopContext
+@dataclass
+class _Watch:
+    """A template rewritten for watching (see ``_watchable``), with what its loop needs to know."""
 
-    return LoopContext.__next__.__code__
+    template: object  # the jinja2 Template whose message loop runs on WATCH(...)
+    tails: dict[bool, str]  # the text after the loop, without and with the generation prompt
+    template_file: str  # the file name of the template's compiled code: its own loop steps come from there
+    loop_step: object  # the code of LoopContext.__next__: the loop's steps when the template uses `loop`
 
 
 class _MessageLoop:
@@ -185,11 +189,10 @@ class _MessageLoop:
     the current iteration goes on, knowing whether there is a next message.
     """
 
-    __slots__ = ("_messages", "_next", "_template_file", "_loop_step")
+    __slots__ = ("_messages", "_next", "_watch")
 
-    def __init__(self, messages: _Messages, template_file: str):
-        self._messages, self._next, self._template_file = messages, 0, template_file
-        self._loop_step = _loop_step_code()
+    def __init__(self, messages: _Messages, watch: _Watch):
+        self._messages, self._next, self._watch = messages, 0, watch
 
     def __iter__(self):
         return self
@@ -201,7 +204,7 @@ class _MessageLoop:
         messages, reads = self._messages, self._messages._reads
         j = messages._start + self._next
         caller = sys._getframe(1).f_code
-        stepping = caller is self._loop_step or caller.co_filename == self._template_file
+        stepping = caller is self._watch.loop_step or caller.co_filename == self._watch.template_file
         if stepping and not reads.count and reads.furthest < j:
             reads.cuts[j] = reads.written
         if self._next >= len(messages._items):
@@ -226,11 +229,11 @@ def _depends_only_on_generation_prompt(node) -> bool:
     return False
 
 
-def _watchable(environment, source: str):
-    """The template rewritten so that its message loop runs on ``WATCH(...)``, and its two tails
-    (the text after the loop without and with the generation prompt); None if its shape does not
-    allow the watch."""
+def _watchable(environment, source: str) -> _Watch | None:
+    """The template rewritten so that its message loop runs on ``WATCH(...)``; None if its shape
+    does not allow the watch."""
     from jinja2 import nodes
+    from jinja2.runtime import LoopContext
 
     tree = environment.parse(source)
     if tree.find(nodes.Extends) is not None:
@@ -246,7 +249,8 @@ def _watchable(environment, source: str):
     tail_template = environment.from_string(nodes.Template(tail, lineno=1))
     tails = {g: tail_template.render(add_generation_prompt=g) for g in (False, True)}
     loop.iter = nodes.Call(nodes.Name(WATCH, "load"), [loop.iter], [], None, None, lineno=loop.lineno)
-    return environment.from_string(tree), tails
+    template = environment.from_string(tree)
+    return _Watch(template, tails, template.root_render_func.__code__.co_filename, LoopContext.__next__.__code__)
 
 
 class ChatTemplate:
@@ -260,7 +264,7 @@ class ChatTemplate:
         self._tokenizer = tokenizer
         self._compiled = _compile(template) if template else None
         self._special = dict(tokenizer.special_tokens_map)
-        self._watched = _watchable(self._compiled.environment, template) if self._compiled is not None else None
+        self._watch = _watchable(self._compiled.environment, template) if self._compiled is not None else None
         self.prefix_renders = 0  # prefixes the watch could not vouch for, rendered the reference way
 
     def render(self, messages: list[dict], tools: list | None, add_generation_prompt: bool = False) -> str:
@@ -286,48 +290,43 @@ class ChatTemplate:
         """``render(messages)``, and a function ``prefix(n, g)`` equal to
         ``render(messages[:n], add_generation_prompt=g)``: cut from the one rendering where the watch
         vouches for it, rendered otherwise."""
-        watched = self._render_watched(messages, tools)
-        if watched is None:
+        watch = self._watch
+        if watch is None:
             text, cuts = self.render(messages, tools), {}
         else:
-            text, cuts = watched
+            text, cuts = self._render_watched(watch, messages, tools)
 
         def prefix(n: int, generation: bool) -> str:
             if n in cuts:
-                return text[: cuts[n]] + self._watched[1][generation]
+                return text[: cuts[n]] + watch.tails[generation]
             self.prefix_renders += 1
             return self.render(messages[:n], tools, generation)
 
         return text, prefix
 
-    def _render_watched(self, messages, tools):
-        if self._watched is None:
-            return None
-        template, tails = self._watched
+    def _render_watched(self, watch: _Watch, messages, tools) -> tuple[str, dict[int, int]]:
+        """The rendering and its cuts; no cuts where the loop's end could not be vouched for."""
         reads = _Reads()
-        context = template.new_context({
+        context = watch.template.new_context({
             "messages": _Messages(messages, reads), "tools": tools, "documents": None,
-            "add_generation_prompt": False, WATCH: self._watch_loop, **self._special,
+            "add_generation_prompt": False,
+            WATCH: lambda iterable: _MessageLoop(iterable, watch) if isinstance(iterable, _Messages) else iterable,
+            **self._special,
         })
         parts = []
         try:
-            for part in template.root_render_func(context):
+            for part in watch.template.root_render_func(context):
                 parts.append(part)
                 reads.written += len(part)
         except Exception:
-            self.render(messages, tools)  # a record the template rejects is rejected the reference way
-            self._watched = None  # the template does something the stand-in refuses: stop watching it
-            return None
-        text = "".join(parts)
+            text = self.render(messages, tools)  # a record the template rejects is rejected the reference way
+            self._watch = None  # the template does something the stand-in refuses: stop watching it
+            return text, {}
+        text = "".join(parts)  # what the plain template renders: the stand-in is faithful or raises
         end = reads.cuts.get(len(messages))
-        if end is None or text[end:] != tails[False]:
-            return None
+        if end is None or text[end:] != watch.tails[False]:
+            return text, {}
         return text, reads.cuts
-
-    def _watch_loop(self, iterable):
-        if isinstance(iterable, _Messages):
-            return _MessageLoop(iterable, self._watched[0].root_render_func.__code__.co_filename)
-        return iterable
 
 
 def render_conversation(template: ChatTemplate, conversation: Conversation, train_on: str) -> Rendered:
