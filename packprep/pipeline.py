@@ -311,7 +311,7 @@ def _encode(batches, encoder, tokenizer, config, num_proc, engine, ray_address):
     elif num_proc == 1:
         for batch in batches:
             encoded = encoder.encode([c for _, _, c in batch])
-            encoder.backends_used.add(encoder.backend_name)
+            _note_backend(encoder, encoder.backend_name)
             yield batch, encoded
     else:
         # Forked workers inherit the parent's encoder: no second tokenizer load or tiktoken build.
@@ -334,7 +334,8 @@ def _encode(batches, encoder, tokenizer, config, num_proc, engine, ray_address):
 
 
 def _note_backend(encoder: ChatEncoder, backend: str) -> None:
-    """Record the backend a worker used, and say so here when it fell back: its warning stays in it."""
+    """Record the backend that encoded a batch; when a worker fell back, say so here (its own
+    warning stays in the worker)."""
     if backend != encoder.backend_name and backend not in encoder.backends_used:
         warnings.warn(f"a worker tokenized with {backend}, not {encoder.backend_name}: its runtime check found "
                       "a text tiktoken tokenizes differently from HF (the output is HF's either way)", stacklevel=2)

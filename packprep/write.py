@@ -161,8 +161,7 @@ def write_shards(
         groups = [(lo, min(last, lo + rows_per_group)) for lo in range(first, last, rows_per_group)]
         with _shard_writer(path, shard_format) as write, ThreadPoolExecutor(1) as ahead:
             # the next row group is gathered while this one is compressed (both release the GIL)
-            tables = _prefetched(ahead, (lambda lo=lo, hi=hi: materialize(store, segments.select(lo, hi))
-                                         for lo, hi in groups))
+            tables = _prefetched(ahead, lambda lo, hi: materialize(store, segments.select(lo, hi)), groups)
             for (lo, hi), table in zip(groups, tables):
                 supervised += pc.sum(pc.not_equal(pc.list_flatten(table.column("labels")), -100)).as_py() or 0
                 write(table)
@@ -183,11 +182,11 @@ def write_shards(
     return entries
 
 
-def _prefetched(pool, jobs):
-    """Yield the results of ``jobs`` in order, running each one ahead on ``pool``."""
+def _prefetched(pool, fn, calls):
+    """Yield ``fn(*args)`` for each ``args`` of ``calls`` in order, each computed one step ahead on ``pool``."""
     pending = None
-    for job in jobs:
-        submitted = pool.submit(job)
+    for args in calls:
+        submitted = pool.submit(fn, *args)
         if pending is not None:
             yield pending.result()
         pending = submitted
