@@ -246,6 +246,23 @@ def _ctree_set(ct, size, c, v):
         node >>= 1
 
 
+@njit(cache=True, inline="always")
+def _run_end(lengths, order, i, n):
+    """End of the run of equal lengths that starts at ``i`` (``order`` sorts them descending)."""
+    j = i + 1
+    while j < n and lengths[order[j]] == lengths[order[i]]:
+        j += 1
+    return j
+
+
+@njit(cache=True, inline="always")
+def _fill(bin_of, b, i, j, room, L):
+    """Put as many of the equal items ``i..j-1`` (L tokens each) in bin ``b`` as its room holds; return how many."""
+    m = min(room // L, j - i)
+    bin_of[i : i + m] = b
+    return m
+
+
 @njit(cache=True)
 def _ffd_kernel(lengths, order, max_len, root, child, sibling, scratch, ct, bincls, bin_of):
     """First-fit-decreasing.  Open bins are grouped by remaining capacity c:
@@ -273,9 +290,7 @@ def _ffd_kernel(lengths, order, max_len, root, child, sibling, scratch, ct, binc
     nb = i
     while i < n:
         L = lengths[order[i]]
-        j = i + 1
-        while j < n and lengths[order[j]] == L:
-            j += 1
+        j = _run_end(lengths, order, i, n)
         while i < j:
             lo = L + size
             hi = max_len + size + 1
@@ -302,11 +317,7 @@ def _ffd_kernel(lengths, order, max_len, root, child, sibling, scratch, ct, binc
                 c = bincls[b]
                 r = _heap_pop(root, child, sibling, scratch, c)
                 _ctree_set(ct, size, c, INF if r < 0 else r)
-            m = c // L
-            if m > j - i:
-                m = j - i
-            for k in range(i, i + m):
-                bin_of[k] = b
+            m = _fill(bin_of, b, i, j, c, L)
             i += m
             c -= m * L
             if c >= min_len:
@@ -332,9 +343,7 @@ def _ffd_tree_kernel(lengths, order, max_len, tree, bin_of):
     i = 0
     while i < n:
         L = lengths[order[i]]
-        j = i + 1
-        while j < n and lengths[order[j]] == L:
-            j += 1
+        j = _run_end(lengths, order, i, n)
         while i < j:
             node = 1
             while node < size:
@@ -343,11 +352,7 @@ def _ffd_tree_kernel(lengths, order, max_len, tree, bin_of):
                     node += 1
             cap = tree[node]
             b = node - size
-            m = cap // L
-            if m > j - i:
-                m = j - i
-            for k in range(i, i + m):
-                bin_of[k] = b
+            m = _fill(bin_of, b, i, j, cap, L)
             i += m
             if b >= nb:
                 nb = b + 1
@@ -429,9 +434,7 @@ def _bfd_kernel(lengths, order, max_len, root, child, sibling, scratch, w0, w1, 
     i = 0
     while i < n:
         L = lengths[order[i]]
-        j = i + 1
-        while j < n and lengths[order[j]] == L:
-            j += 1
+        j = _run_end(lengths, order, i, n)
         while i < j:
             c = _bit_next(w0, w1, L)
             if c < 0:
@@ -443,11 +446,7 @@ def _bfd_kernel(lengths, order, max_len, root, child, sibling, scratch, w0, w1, 
                 r = _heap_pop(root, child, sibling, scratch, c)
                 if r < 0:
                     _bit_clear(w0, w1, c)
-            m = c // L
-            if m > j - i:
-                m = j - i
-            for k in range(i, i + m):
-                bin_of[k] = b
+            m = _fill(bin_of, b, i, j, c, L)
             i += m
             c -= m * L
             if c >= min_len:
