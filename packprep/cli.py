@@ -45,6 +45,22 @@ class _Group(click.Group):
             sys.exit(EXIT_INTERNAL)
 
 
+# options pack and stats share, so that both read records the same way
+_SAMPLES_PER_ROW = click.option("--samples-per-row", default=None, type=int,
+                                help="Samples per row for --strategy minibatch.")
+_NUM_PROC = click.option("--num-proc", default=None, type=int, help="Tokenizer processes [default: all cores].")
+
+
+def _record_options(command):
+    """--format, --messages-field and --text-field: how records are read."""
+    command = click.option("--text-field", default="text", show_default=True,
+                           help="Column holding plain text (--format text).")(command)
+    command = click.option("--messages-field", default=None,
+                           help="Column holding the messages, if not 'conversations'/'messages'.")(command)
+    return click.option("--format", "format_", default=None, type=click.Choice(FORMATS),
+                        help="Record format; detected per file when omitted.")(command)
+
+
 @click.group(cls=_Group, epilog=EXIT_CODES_HELP)
 @click.version_option(__version__, prog_name="packprep")
 def main():
@@ -68,22 +84,19 @@ def main():
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed for shuffles; same seed, same bytes.")
 @click.option("--train-on", default="assistant", show_default=True, type=click.Choice(TRAIN_ON),
               help="Which tokens get labels: every assistant turn, only the last, or all tokens.")
-@click.option("--format", "format_", default=None, type=click.Choice(FORMATS),
-              help="Record format; detected per file when omitted.")
-@click.option("--messages-field", default=None, help="Column holding the messages, if not 'conversations'/'messages'.")
-@click.option("--text-field", default="text", show_default=True, help="Column holding plain text (--format text).")
+@_record_options
 @click.option("--overlong", default="truncate", show_default=True, type=click.Choice(OVERLONG),
               help="What to do with a sample longer than --max-len.")
 @click.option("--row-order", default="shuffle", show_default=True, type=click.Choice(ROW_ORDERS),
               help="Order of rows in the shards; length-sorted rows bias training.")
-@click.option("--samples-per-row", default=None, type=int, help="Samples per row for --strategy minibatch.")
+@_SAMPLES_PER_ROW
 @click.option("--shard-format", default="parquet", show_default=True, type=click.Choice(SHARD_FORMATS))
 @click.option("--shard-size", default="500MB", show_default=True, help="Upper bound of a shard (uncompressed).")
 @click.option("--on-error", default="skip", show_default=True, type=click.Choice(ON_ERROR),
               help="skip: list bad records in rejects.jsonl and go on; fail: stop at the first.")
 @click.option("--partition-size", default=None, type=int,
               help="Pack each run of N sequences on its own [default: all at once; 1000000 with --engine ray].")
-@click.option("--num-proc", default=None, type=int, help="Tokenizer processes [default: all cores].")
+@_NUM_PROC
 @click.option("--tokenizer-backend", default="auto", show_default=True, type=click.Choice(BACKENDS),
               help="tiktoken: exact fast path for byte-level BPE (Llama-3, Qwen2, GPT-2) and SentencePiece BPE "
               "(Llama-2, Mistral) tokenizers; auto: "
@@ -215,17 +228,14 @@ def push(folder, repo_id, private, revision, token, commit_message):
 @click.option("--epochs", default=1, show_default=True, type=int, help="Epochs, for the optimizer step count.")
 @click.option("--train-on", default="assistant", show_default=True, type=click.Choice(TRAIN_ON),
               help="Which tokens get labels, as for pack.")
-@click.option("--format", "format_", default=None, type=click.Choice(FORMATS),
-              help="Record format; detected per file when omitted.")
-@click.option("--messages-field", default=None, help="Column holding the messages, if not 'conversations'/'messages'.")
-@click.option("--text-field", default="text", show_default=True, help="Column holding plain text (--format text).")
+@_record_options
 @click.option("--overlong", default="truncate", show_default=True, type=click.Choice(OVERLONG),
               help="What pack would do with a sample longer than --max-len.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the random strategy, as for pack.")
-@click.option("--samples-per-row", default=None, type=int, help="Samples per row for --strategy minibatch.")
+@_SAMPLES_PER_ROW
 @click.option("--partition-size", default=None, type=int,
               help="Plan as pack --partition-size: each run of this many samples packed on its own.")
-@click.option("--num-proc", default=None, type=int, help="Tokenizer processes [default: all cores].")
+@_NUM_PROC
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
               help="Also draw the histograms and what-if curves into this PNG (needs packprep[plot]).")
