@@ -59,22 +59,19 @@ class Rendered:
 
 
 def _compile(template: str):
-    """Compile ``template`` in transformers' own sandboxed environment, with the sandbox's attribute
-    check memoised; None where transformers' internals differ (then the public API is used).
+    """Compile ``template`` in transformers' sandboxed environment (as rebuilt by tokenizer_folder),
+    with the sandbox's attribute check memoised.
 
     The sandbox asks ``is_safe_attribute(obj, attr, value)`` on every attribute a template reads
     (``loop.index0``, ``content.strip``...), which was half of all rendering time. For Jinja's
     ``ImmutableSandboxedEnvironment`` the answer depends only on ``type(obj)`` and ``attr``, so it
     is cached on that key: the same checks, made once per type and name.
     """
-    try:
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-        from transformers.utils import chat_template_utils as utils
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        compile_fresh = getattr(utils, "_cached_compile_jinja_template", None) or utils._compile_jinja_template.__wrapped__
-        compiled = compile_fresh(template)  # our own environment: transformers' shared one is left alone
-    except (ImportError, AttributeError):
-        return None
+    from .tokenizer_folder import compile_template
+
+    compiled = compile_template(template)
     environment = compiled.environment
     if type(environment).is_safe_attribute is ImmutableSandboxedEnvironment.is_safe_attribute:
         check, verdicts = environment.is_safe_attribute, {}
@@ -261,27 +258,23 @@ class ChatTemplate:
         if isinstance(template, dict):
             template = template.get("default")
         self.source = template
-        self._tokenizer = tokenizer
-        self._compiled = _compile(template) if template else None
+        try:
+            self._compiled = _compile(template) if template else None
+        except ImportError as exc:  # the environment, not the record: stop the run
+            raise ConfigError(f"cannot render chat templates: {exc}") from exc
         self._special = dict(tokenizer.special_tokens_map)
         self._watch = _watchable(self._compiled.environment, template) if self._compiled is not None else None
         self.prefix_renders = 0  # prefixes the watch could not vouch for, rendered the reference way
 
     def render(self, messages: list[dict], tools: list | None, add_generation_prompt: bool = False) -> str:
         try:
-            if self._compiled is not None:
-                return self._compiled.render(
-                    messages=messages,
-                    tools=tools,
-                    documents=None,
-                    add_generation_prompt=add_generation_prompt,
-                    **self._special,
-                )
-            return self._tokenizer.apply_chat_template(
-                messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt
+            return self._compiled.render(
+                messages=messages,
+                tools=tools,
+                documents=None,
+                add_generation_prompt=add_generation_prompt,
+                **self._special,
             )
-        except ImportError as exc:  # the environment, not the record: stop the run
-            raise ConfigError(f"cannot render chat templates: {exc}") from exc
         except Exception as exc:  # jinja raise_exception, TemplateError, TypeError from bad data
             message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise Rejected(f"chat template rejected the conversation: {message}", "template_error") from None

@@ -32,8 +32,17 @@ class Encoded:
     turns_not_located: int = 0
 
 
-def load_tokenizer(name_or_path: str):
-    """Load a Hugging Face tokenizer by folder or Hub id, with a clear error when it cannot be."""
+def load_tokenizer(name_or_path: str, *, transformers: bool = False):
+    """Load a Hugging Face tokenizer by folder or Hub id, with a clear error when it cannot be.
+
+    A folder whose tokenizer.json says everything is read without importing transformers (seconds
+    faster to start, see tokenizer_folder.py); ``transformers=True`` always loads it with
+    transformers, as the independent checks (``verify --retokenize``, the reference tests) do.
+    """
+    from .tokenizer_folder import FolderTokenizer, loadable
+
+    if not transformers and loadable(name_or_path):
+        return FolderTokenizer(name_or_path)
     from transformers import AutoTokenizer
 
     try:

@@ -68,8 +68,8 @@ LONG = 40
 @needs_fixtures
 @pytest.mark.parametrize("tokenizer_name", TOKENIZERS)
 def test_labels_equal_the_per_prefix_reference(tokenizer_name):
-    tok = load_tokenizer(fixture_tokenizer(tokenizer_name))
-    encoder = ChatEncoder(tok)
+    tok = load_tokenizer(fixture_tokenizer(tokenizer_name), transformers=True)  # the reference
+    encoder = ChatEncoder(load_tokenizer(fixture_tokenizer(tokenizer_name)))
     total = 0
     for name in FILES:
         convs = conversations(name)
@@ -97,8 +97,8 @@ def test_labels_equal_the_per_prefix_reference(tokenizer_name):
 @needs_fixtures
 @pytest.mark.parametrize("tokenizer_name", ["llama3", "qwen2.5", "mistral-7b-v0.1"])
 def test_ids_equal_apply_chat_template(tokenizer_name):
-    tok = load_tokenizer(fixture_tokenizer(tokenizer_name))
-    encoder = ChatEncoder(tok)
+    tok = load_tokenizer(fixture_tokenizer(tokenizer_name), transformers=True)  # the reference
+    encoder = ChatEncoder(load_tokenizer(fixture_tokenizer(tokenizer_name)))
     convs = conversations("llamafactory_glaive_toolcall_en_demo.json")[:100]
     for conversation, encoded in zip(convs, encoder.encode(convs)):
         if isinstance(encoded, Rejected):

@@ -109,7 +109,8 @@ def test_labels_are_assistant_replies_with_end_of_turn(encoder):
     encoded = encoder.encode([normalize(record, "sharegpt")])[0]
     trained = tok.decode([t for t, label in zip(encoded.input_ids, encoded.labels) if label != -100])
     assert trained == "Hello there<|im_end|>\n"
-    assert encoded.input_ids.tolist() == tok.apply_chat_template(
+    reference = load_tokenizer(TOKENIZER, transformers=True)
+    assert encoded.input_ids.tolist() == reference.apply_chat_template(
         [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there"}], tokenize=True,
         return_dict=False,
     )
@@ -285,14 +286,12 @@ def test_missing_parent_folders_of_the_output_are_created(tmp_path):
 
 def test_a_broken_environment_is_a_config_error_not_a_rejected_record(tmp_path, monkeypatch):
     """Without jinja2 every render fails: that must stop the run, not reject every record."""
-    import packprep.render as render_module
-    from transformers import PreTrainedTokenizerBase
+    import packprep.tokenizer_folder as tokenizer_folder
 
-    def no_jinja(*args, **kwargs):
-        raise ImportError("apply_chat_template requires jinja2 to be installed")
+    def no_jinja(template):
+        raise ImportError("chat templates need jinja2 to be installed")
 
-    monkeypatch.setattr(render_module, "_compile", lambda template: None)
-    monkeypatch.setattr(PreTrainedTokenizerBase, "apply_chat_template", no_jinja)
+    monkeypatch.setattr(tokenizer_folder, "compile_template", no_jinja)
     with pytest.raises(ConfigError, match="cannot render chat templates: .*jinja2"):
         packprep.pack(str(EXAMPLE_CHATS), tmp_path / "out", TOKENIZER, max_len=512, num_proc=1)
     assert list(tmp_path.iterdir()) == []

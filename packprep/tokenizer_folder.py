@@ -1,0 +1,155 @@
+"""Load a tokenizer folder with ``tokenizers`` and ``jinja2`` alone, without importing transformers.
+
+``AutoTokenizer.from_pretrained`` imports transformers, and on a machine with torch installed that
+pulls torch in: 5-7 s before the first record is read, for every command. A folder whose
+``tokenizer_class`` keeps all of its behaviour in ``tokenizer.json`` (the classes in
+``SAME_AS_TOKENIZER_JSON``) is fully described by that file, its ``tokenizer_config.json`` (chat
+template, special tokens) and an optional ``chat_template.jinja``; this module reads exactly those.
+Any other folder, or a Hub id, is loaded by transformers as before (``tokenize.load_tokenizer``).
+
+The chat template is compiled in a copy of transformers' sandboxed environment
+(``compile_template``). tests/test_tokenizer_folder.py holds both halves to transformers itself:
+the same ids for every fixture tokenizer and text, and the same rendering for every fixture
+conversation and template; ``packprep verify --retokenize`` re-checks a packed output with
+transformers' own tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime
+from pathlib import Path
+
+# Classes that, in transformers 4.45+ and 5.x, load tokenizer.json as it is and add nothing of their
+# own to encoding (held to transformers by tests for every fixture). A class outside this list (e.g.
+# LlamaTokenizer, which transformers 5 rebuilds as a non-legacy pipeline) goes to transformers.
+SAME_AS_TOKENIZER_JSON = frozenset(
+    {"PreTrainedTokenizerFast", "TokenizersBackend", "Qwen2Tokenizer", "Qwen2TokenizerFast", "GPT2Tokenizer",
+     "GPT2TokenizerFast"}
+)
+SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token")
+
+
+def loadable(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a folder this module loads exactly as transformers would."""
+    folder = Path(path)
+    if not (folder / "tokenizer.json").is_file() or not (folder / "tokenizer_config.json").is_file():
+        return False
+    try:
+        config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return config.get("tokenizer_class") in SAME_AS_TOKENIZER_JSON
+
+
+class FolderTokenizer:
+    """The parts of a transformers fast tokenizer that packprep uses, read from the folder's files."""
+
+    def __init__(self, path: str | os.PathLike):
+        from tokenizers import Tokenizer
+
+        folder = Path(path)
+        self.name_or_path = str(path)
+        self.backend_tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+        mapped = folder / "special_tokens_map.json"
+        special = json.loads(mapped.read_text(encoding="utf-8")) if mapped.is_file() else {}
+        special.update({name: config[name] for name in SPECIAL_TOKENS if name in config})
+        self.special_tokens_map = {
+            name: _content(special[name]) for name in SPECIAL_TOKENS if _content(special.get(name)) is not None
+        }
+        template_file = folder / "chat_template.jinja"
+        self.chat_template = (
+            template_file.read_text(encoding="utf-8") if template_file.is_file() else config.get("chat_template")
+        )
+
+    def __getattr__(self, name: str):
+        if name in SPECIAL_TOKENS:
+            return self.special_tokens_map.get(name)
+        if name.endswith("_token_id") and name[: -len("_id")] in SPECIAL_TOKENS:
+            token = self.special_tokens_map.get(name[: -len("_id")])
+            return None if token is None else self.backend_tokenizer.token_to_id(token)
+        raise AttributeError(name)
+
+    def __len__(self) -> int:
+        return self.backend_tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def get_vocab(self) -> dict[str, int]:
+        return self.backend_tokenizer.get_vocab(with_added_tokens=True)
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        return self.backend_tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+
+def _content(value):
+    """A special token as tokenizer_config.json stores it: a string or an AddedToken dict."""
+    if isinstance(value, dict):
+        return value.get("content")
+    return value
+
+
+def compile_template(template: str):
+    """Compile ``template`` in a sandboxed environment set up as transformers sets up its own.
+
+    Mirrors ``transformers.utils.chat_template_utils._compile_jinja_template`` (trim_blocks,
+    lstrip_blocks, loop controls, the ``generation`` tag, ``tojson`` without HTML escaping,
+    ``raise_exception``, ``strftime_now``, a restricted ``dict`` and ``namespace``).
+    """
+    import jinja2
+    from jinja2.ext import Extension, loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Generation(Extension):
+        """``{% generation %}...{% endgeneration %}`` renders its body (transformers tracks it; we need not)."""
+
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller):
+            return caller()
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    def strftime_now(format):
+        return datetime.now().strftime(format)
+
+    class TemplateDict:
+        def __call__(self, *args, **kwargs):
+            return dict(*args, **kwargs)
+
+        def fromkeys(self, *args, **kwargs):
+            return dict.fromkeys(*args, **kwargs)
+
+    class TemplateNamespace(jinja2.utils.Namespace):
+        def __init__(*args, **kwargs):
+            self, args = args[0], args[1:]
+            attrs = dict(*args, **kwargs)
+            for name in attrs:
+                TemplateNamespace._check_name(name)
+            jinja2.utils.Namespace.__init__(self, attrs)
+
+        def __setitem__(self, name, value):
+            TemplateNamespace._check_name(name)
+            jinja2.utils.Namespace.__setitem__(self, name, value)
+
+        @staticmethod
+        def _check_name(name):
+            if isinstance(name, str) and name.startswith("_"):
+                raise jinja2.exceptions.SecurityError(f"chat templates cannot set {name!r} on a namespace")
+
+    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols])
+    environment.filters["tojson"] = tojson
+    environment.globals["raise_exception"] = raise_exception
+    environment.globals["strftime_now"] = strftime_now
+    environment.globals["dict"] = TemplateDict()
+    environment.globals["namespace"] = TemplateNamespace
+    return environment.from_string(template)
