@@ -6,14 +6,48 @@ Library first, CLI second: every ``packprep`` command is a thin wrapper over a f
 >>> manifest = packprep.pack("chats.jsonl", "out/", tokenizer="path/to/tokenizer", max_len=4096)
 >>> packprep.verify("out/").ok
 True
+
+The names below are imported on first use, so that ``import packprep`` (and ``packprep.torch``)
+stays light: numba, pyarrow and transformers load only when a step that needs them runs.
 """
+
+import sys
+import types
 
 __version__ = "0.1.0"
 
-from .packing import Bins, pack_lengths  # noqa: E402
-from .pipeline import PackConfig, pack  # noqa: E402
-from .push import push  # noqa: E402
-from .stats import stats  # noqa: E402
-from .verify import verify  # noqa: E402
+_EXPORTS = {
+    "Bins": "packing",
+    "pack_lengths": "packing",
+    "PackConfig": "pipeline",
+    "pack": "pipeline",
+    "export": "export",
+    "push": "push",
+    "stats": "stats",
+    "verify": "verify",
+}
 
-__all__ = ["Bins", "PackConfig", "__version__", "pack", "pack_lengths", "push", "stats", "verify"]
+__all__ = ["Bins", "PackConfig", "__version__", "export", "pack", "pack_lengths", "push", "stats", "verify"]
+
+
+class _Package(types.ModuleType):
+    """Keeps ``packprep.verify`` (and stats, push, export) the function when its submodule is imported."""
+
+    def __setattr__(self, name, value):
+        if name in _EXPORTS and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'packprep' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+sys.modules[__name__].__class__ = _Package

@@ -4,13 +4,8 @@ from __future__ import annotations
 
 import json
 
-FEATURES = [
-    ("input_ids", "int32"),
-    ("labels", "int32"),
-    ("position_ids", "int32"),
-    ("seq_lens", "int32"),
-    ("source_index", "int64"),
-]
+from .layout import COLUMNS, FILES, LayoutContext, get_layout
+
 # Values the Hub accepts for ``size_categories``: (upper bound of rows, label).
 SIZE_CATEGORIES = [
     (1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"), (1_000_000, "100K<n<1M"),
@@ -45,11 +40,22 @@ def _size_category(rows: int) -> str:
     return next((label for bound, label in SIZE_CATEGORIES if rows < bound), "n>1B")
 
 
+def _features(manifest: dict) -> list[tuple[str, str, bool]]:
+    """(name, value type, is a list) of each column the folder's layout writes."""
+    layout = get_layout(manifest.get("layout"))
+    if layout.writes == FILES:
+        return []
+    schema = layout.schema(LayoutContext(max_len=int(manifest["config"]["max_len"]), manifest=manifest))
+    return [
+        (f.name, str(getattr(f.type, "value_type", f.type)), hasattr(f.type, "value_type")) for f in schema
+    ]
+
+
 def _arrow_bytes(manifest: dict) -> int:
-    """In-memory (Arrow) size of the table: what ``dataset_info.splits.num_bytes`` means on the Hub."""
+    """In-memory (Arrow) size of the canonical table: what ``dataset_info.splits.num_bytes`` means on the Hub."""
     tokens, sequences, rows = manifest["tokens"]["total"], manifest["sequences"], manifest["rows"]
     # 3 int32 token columns, seq_lens int32 + source_index int64, and one int32 offset per row per column
-    return 12 * tokens + 12 * sequences + 4 * len(FEATURES) * (rows + 1)
+    return 12 * tokens + 12 * sequences + 4 * len(COLUMNS) * (rows + 1)
 
 
 def _histogram_text(edges: list[int], counts: list[int], over: int, unit: str) -> str:
@@ -112,13 +118,28 @@ def _inputs_text(manifest: dict) -> str:
     return "\n".join(lines) or "- (none)"
 
 
+def _layout_section(layout) -> str:
+    renamed = ", ".join(f"`{a}` is named `{b}`" for a, b in layout.renames.items())
+    if layout.convert is not None or layout.write_files is not None:
+        what = f"These files are laid out for {layout.stack} (`packprep export --to {layout.name}`), not as the columns above."
+    else:
+        what = f"Laid out for {layout.stack} (layout `{layout.name}`{'; ' + renamed if renamed else ''})."
+    return f"""## Load and train
+
+{what} `packprep export DIR --to NAME OUT` re-lays it out for another stack (see packprep's README).
+
+{layout.recipe}
+"""
+
+
 def render_card(manifest: dict) -> str:
     config = manifest["config"]
     counts = manifest["counts"]
     tok = manifest["tokenizer"]
     fmt = config["shard_format"]
+    layout = get_layout(manifest.get("layout"))
     features = "\n".join(
-        f"  - name: {name}\n    sequence: {dtype}" for name, dtype in FEATURES
+        f"  - name: {name}\n    {'sequence' if is_list else 'dtype'}: {dtype}" for name, dtype, is_list in _features(manifest)
     )
     total_bytes = sum(shard["bytes"] for shard in manifest["shards"])
     arrow_bytes = _arrow_bytes(manifest)
@@ -192,20 +213,7 @@ Feed rows to a varlen attention kernel (flash-attention, `torch.nn.attention.var
 transformers with `position_ids` and **no attention mask** and `use_cache=False`. An all-ones
 attention mask, or a KV cache, silently disables the isolation between packed sequences.
 
-## Load and train
-
-```python
-from datasets import load_dataset
-rows = load_dataset("path/or/repo_id", split="train")
-
-from torch.utils.data import DataLoader
-from packprep.torch import check_isolation, collate_packed  # pip install "packprep[torch]"
-check_isolation(model)  # raises if the model as configured lets packed sequences see each other
-loader = DataLoader(rows.with_format("numpy"), batch_size=1, shuffle=True, collate_fn=collate_packed)
-for batch in loader:  # input_ids, labels, position_ids, cu_seq_lens_*, max_length_*, use_cache=False
-    n = batch.pop("num_supervised_tokens")  # for per-token loss across gradient accumulation
-    loss = model(**batch, num_items_in_batch=n).loss
-```
+{_layout_section(layout)}
 
 `packprep.json` holds the full configuration, input hashes and counts; `packprep verify DIR` re-checks
 every guarantee above.

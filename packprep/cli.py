@@ -13,6 +13,7 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 from . import __version__
 from .errors import EXIT_CODES_HELP, EXIT_INTERNAL, PackprepError
+from .layout import DEFAULT_LAYOUT, layout_names
 from .normalize import FORMATS
 from .packing import ROW_ORDERS, STRATEGIES
 from .pipeline import ENGINES, ON_ERROR, OVERLONG
@@ -91,6 +92,9 @@ def main():
               help="Order of rows in the shards; length-sorted rows bias training.")
 @_SAMPLES_PER_ROW
 @click.option("--shard-format", default="parquet", show_default=True, type=click.Choice(SHARD_FORMATS))
+@click.option("--layout", default=DEFAULT_LAYOUT, show_default=True, type=click.Choice(layout_names()),
+              help="The training stack the shards are laid out for (README: 'Train on it'); "
+              "`packprep export` changes it later without re-tokenizing.")
 @click.option("--shard-size", default="500MB", show_default=True, help="Upper bound of a shard (uncompressed).")
 @click.option("--on-error", default="skip", show_default=True, type=click.Choice(ON_ERROR),
               help="skip: list bad records in rejects.jsonl and go on; fail: stop at the first.")
@@ -111,7 +115,7 @@ def main():
 @click.option("--overwrite", is_flag=True, help="Replace an existing output folder.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
 def pack(inputs, tokenizer, output, format_, num_proc, engine, ray_address, push_to, private, token, overwrite, quiet,
-         **settings):
+         layout, **settings):
     """Pack INPUT files (JSON, JSONL, Parquet, Arrow, saved datasets, Hub ids) into shards.
 
     \b
@@ -119,6 +123,7 @@ def pack(inputs, tokenizer, output, format_, num_proc, engine, ray_address, push
       packprep pack chats.jsonl -t ./llama3 -o packed/
       packprep pack a.json b.parquet -t Qwen/Qwen2.5-7B-Instruct --max-len 8192 -o packed/
       packprep pack data/ -t ./tok --strategy random --seed 1 --overlong split -o packed/ --overwrite
+      packprep pack chats.jsonl -t ./llama3 --layout trl -o packed-trl/
     """
     from .pipeline import pack as pack_
 
@@ -129,7 +134,7 @@ def pack(inputs, tokenizer, output, format_, num_proc, engine, ray_address, push
     if engine == "ray" and settings["partition_size"] is None:
         settings["partition_size"] = 1_000_000
     manifest = pack_(list(inputs), output, tokenizer, overwrite=overwrite, num_proc=num_proc, engine=engine,
-                     ray_address=ray_address, progress=not quiet, format=format_, **settings)
+                     ray_address=ray_address, progress=not quiet, format=format_, layout=layout, **settings)
     counts = manifest["counts"]
     kept = counts["records"] - counts["rejected"]
     click.echo(
@@ -177,6 +182,30 @@ def verify(folder, as_json):
             click.echo(str(failure), err=True)
     if not report.ok:
         sys.exit(EXIT_VERIFY)
+
+
+@main.command(epilog=EXIT_CODES_HELP)
+@click.argument("folder", type=click.Path(exists=True, file_okay=False))
+@click.option("--to", "to", required=True, type=click.Choice(layout_names()), help="The layout to write.")
+@click.argument("output", type=click.Path(file_okay=False))
+@click.option("--overwrite", is_flag=True, help="Replace an existing OUTPUT folder.")
+def export(folder, to, output, overwrite):
+    """Write the packed FOLDER again at OUTPUT, laid out for another training stack.
+
+    \b
+    Reads the shards and converts them (renamed or padded columns, other
+    files); never re-tokenizes. OUTPUT gets its own manifest and dataset card
+    with that stack's recipe.
+
+    \b
+    Examples:
+      packprep export packed/ --to trl packed-trl/
+      packprep export packed/ --to hf packed-hf/ --overwrite
+    """
+    from .export import export as export_
+
+    manifest = export_(folder, to, output, overwrite=overwrite)
+    click.echo(f"wrote {manifest['rows']:,} rows laid out for {to} in {output} (recipe: {output}/README.md)")
 
 
 @main.command(epilog=EXIT_CODES_HELP)

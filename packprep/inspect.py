@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import ConfigError, InputError
+from .layout import LayoutError, ShardReader
 from .tokenize import IGNORE_INDEX, load_tokenizer
 from .verify import read_manifest
 
@@ -40,7 +41,7 @@ def inspect_row(
     folder = Path(folder)
     manifest = read_manifest(folder)
     row, shard, local, total = _locate(manifest, row)
-    record = _read_row(folder / shard["path"], local)
+    record = _read_row(folder / shard["path"], local, manifest.get("layout"))
     name = tokenizer or manifest.get("tokenizer", {}).get("name_or_path")
     if not name:
         raise ConfigError("the manifest names no tokenizer; pass --tokenizer")
@@ -96,29 +97,18 @@ def _locate(manifest: dict, row: int) -> tuple[int, dict, int, int]:
     raise AssertionError("unreachable")
 
 
-def _read_row(path: Path, row: int) -> dict:
-    """One row of a Parquet or Arrow-stream shard, reading only the row group / batch holding it."""
+def _read_row(path: Path, row: int, layout: str | None = None) -> dict:
+    """One row of a shard (canonical names), reading only the row group / batch holding it."""
     import pyarrow as pa
 
     try:
-        if path.suffix == ".parquet":
-            import pyarrow.parquet as pq
-
-            parquet = pq.ParquetFile(path)
-            for group in range(parquet.num_row_groups):
-                rows = parquet.metadata.row_group(group).num_rows
-                if row < rows:
-                    return parquet.read_row_group(group).slice(row, 1).to_pylist()[0]
-                row -= rows
-        else:
-            with pa.memory_map(str(path)) as source:
-                for batch in pa.ipc.open_stream(source):
-                    if row < batch.num_rows:
-                        return batch.slice(row, 1).to_pylist()[0]
-                    row -= batch.num_rows
+        return ShardReader(path, layout).row(row)
     except (OSError, pa.ArrowException) as exc:
         raise InputError(f"{path}: cannot read ({exc}); run packprep verify") from None
-    raise InputError(f"{path}: holds fewer rows than the manifest says; run packprep verify")
+    except IndexError:
+        raise InputError(f"{path}: holds fewer rows than the manifest says; run packprep verify") from None
+    except LayoutError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _render_sequence(tok, ids: np.ndarray, trained: np.ndarray, color: bool) -> str:

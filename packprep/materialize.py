@@ -18,17 +18,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from .layout import ROW_SCHEMA
 from .tokenize import IGNORE_INDEX
-
-ROW_SCHEMA = pa.schema(
-    [
-        pa.field("input_ids", pa.list_(pa.int32())),
-        pa.field("labels", pa.list_(pa.int32())),
-        pa.field("position_ids", pa.list_(pa.int32())),
-        pa.field("seq_lens", pa.list_(pa.int32())),
-        pa.field("source_index", pa.list_(pa.int64())),
-    ]
-)
 
 
 @dataclass

@@ -22,6 +22,7 @@ import numpy as np
 from . import __version__
 from .card import length_histograms, render_card
 from .errors import ConfigError, InputError
+from .layout import DEFAULT_LAYOUT, get_layout
 from .materialize import Segments, TokenStore, TokenStoreBuilder
 from .normalize import FORMATS, Conversation, FieldNames, Rejected, detect_format, normalize
 from .packing import ROW_ORDERS, STRATEGIES, Bins, lower_bound, order_bins, pack_lengths, pieces_to_bins, split_pieces
@@ -91,11 +92,14 @@ def pack(
     progress: bool = False,
     engine: str = "local",
     ray_address: str | None = None,
+    layout: str = DEFAULT_LAYOUT,
     **settings,
 ) -> dict:
     """Pack conversations from ``inputs`` into shards at ``output``; return the manifest.
 
     ``settings`` are the fields of :class:`PackConfig` (``max_len``, ``strategy``, ``seed``, ...).
+    ``layout``: the training stack the shards are laid out for (``packprep.layout``); rows are
+    packed and verified in the canonical layout, then exported to it.
     Output is identical for any ``num_proc`` (default: all cores). ``engine="ray"`` tokenizes on a
     Ray cluster (``ray_address``, or a local instance) and gives the same bytes as ``"local"``.
     """
@@ -103,6 +107,7 @@ def pack(
         raise ConfigError(f"--engine must be one of {', '.join(ENGINES)}")
     config = PackConfig(**settings)
     config.validate()
+    layout = get_layout(layout)
     sources = resolve_inputs([inputs] if isinstance(inputs, str) else list(inputs))
     folder = OutputFolder(output, overwrite)
     folder.check()
@@ -114,6 +119,9 @@ def pack(
     num_proc = max(1, num_proc or os.cpu_count() or 1)
 
     with folder.staging() as tmp:
+        if layout.name != DEFAULT_LAYOUT:  # canonical rows first, verified, then exported into tmp
+            tmp = tmp / ".canonical"
+            (tmp / "data").mkdir(parents=True)
         ledger = Ledger(config, tmp / "rejects.jsonl")
         with ledger:
             store = _tokenize_all(
@@ -133,6 +141,7 @@ def pack(
         shutil.rmtree(store.cache_dir)
         manifest = _manifest(config, sources, formats, tok, tokenizer, ledger, store, segments, shards,
                              encoder.backends_summary)
+        manifest["layout"] = DEFAULT_LAYOUT
         (tmp / "packprep.json").write_text(json.dumps(manifest, indent=2) + "\n")
         (tmp / "README.md").write_text(render_card(manifest))
         from .verify import verify
@@ -140,6 +149,11 @@ def pack(
         report = verify(tmp, check_hashes=False)
         if not report.ok:  # a packprep bug, never a data problem: refuse to publish it
             raise RuntimeError(f"packed output failed verification: {report.failures[:3]}")
+        if layout.name != DEFAULT_LAYOUT:
+            from .export import export_into
+
+            manifest = export_into(tmp, manifest, tmp.parent, layout)
+            shutil.rmtree(tmp)
         folder.commit()
     return manifest
 

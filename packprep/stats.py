@@ -422,7 +422,7 @@ def stats_folder(folder: str | os.PathLike, global_batch_size: int = 64, epochs:
         raise ConfigError("--global-batch-size and --epochs must be at least 1")
     row_lengths, per_row, seq_lengths = [], [], []
     for shard in shards:
-        table = _read_column(folder / shard["path"], "seq_lens")
+        table = _read_column(folder / shard["path"], "seq_lens", manifest.get("layout"))
         column = table.column("seq_lens")
         flat = pc.list_flatten(column).to_numpy(zero_copy_only=False).astype(np.int64)
         counts = pc.list_value_length(column).to_numpy(zero_copy_only=False).astype(np.int64)
@@ -464,16 +464,15 @@ def stats_folder(folder: str | os.PathLike, global_batch_size: int = 64, epochs:
     }
 
 
-def _read_column(path: Path, column: str):
+def _read_column(path: Path, column: str, layout: str | None = None):
     import pyarrow as pa
 
-    try:
-        if path.suffix == ".parquet":
-            import pyarrow.parquet as pq
+    from .layout import LayoutError, ShardReader
 
-            return pq.read_table(path, columns=[column])
-        with pa.memory_map(str(path)) as source:
-            return pa.ipc.open_stream(source).read_all().select([column])
+    try:
+        return ShardReader(path, layout).read([column])
+    except LayoutError as exc:
+        raise ConfigError(str(exc)) from None
     except (OSError, pa.ArrowException, KeyError) as exc:
         raise InputError(f"{path}: cannot read column {column!r} ({exc}); run packprep verify") from exc
 

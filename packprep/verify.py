@@ -3,6 +3,9 @@
 Checks (each failure names the shard, the row and the check):
 
 * ``manifest``     packprep.json exists, parses and matches ``schemas/manifest.schema.json``
+* ``layout``       the folder's layout can be read back as packed rows (``packprep`` and renaming
+                   layouts such as ``trl``); a stack's own format (padded, ``.npy``) is refused here:
+                   verify the folder it was exported from
 * ``shard_file``   every shard the manifest lists exists, with its sha256 and row count
 * ``schema``       shard columns and types match ``schemas/packed_row.schema.json``
 * ``lengths``      input_ids, labels and position_ids have one length, equal to sum(seq_lens);
@@ -27,12 +30,13 @@ import numpy as np
 import pyarrow as pa
 
 from .errors import ConfigError, InputError
-from .materialize import ROW_SCHEMA
+from .layout import ROW_SCHEMA, LayoutError, ShardReader, list_column, readable_layout
 from .normalize import load_schema
 from .read import file_sha256
 
 CHECKS = (
     "manifest",
+    "layout",
     "shard_file",
     "schema",
     "lengths",
@@ -77,6 +81,11 @@ def verify(folder: str | Path, check_hashes: bool = True) -> Report:
     manifest = _load_manifest(folder, report)
     if manifest is None:
         return report
+    try:
+        layout = readable_layout(manifest.get("layout"))
+    except LayoutError as exc:
+        report.failures.append(Failure("layout", str(exc)))
+        return report
     max_len = manifest["config"]["max_len"]
     may_exceed = manifest.get("rows_may_exceed_max_len", False)
     records = manifest["counts"]["records"]
@@ -94,7 +103,7 @@ def verify(folder: str | Path, check_hashes: bool = True) -> Report:
         if check_hashes and file_sha256(path) != shard["sha256"]:
             report.failures.append(Failure("shard_file", "sha256 differs from the manifest", shard["path"]))
         shard_rows = 0
-        for table in _shard_tables(path, report, shard["path"]):  # one row group at a time: bounded memory
+        for table in _shard_tables(path, report, shard["path"], layout):  # one row group at a time: bounded memory
             checked = None if table is None else _check_rows(
                 table, shard["path"], max_len, may_exceed, seen, report, first_row=shard_rows
             )
@@ -144,20 +153,13 @@ def _load_manifest(folder: Path, report: Report) -> dict | None:
     return None if errors else manifest
 
 
-def _shard_tables(path: Path, report: Report, name: str) -> Iterator[pa.Table | None]:
-    """The shard's rows, one row group (Parquet) or record batch (Arrow) at a time; None (after
-    recording why) where it cannot be read or has the wrong schema."""
+def _shard_tables(path: Path, report: Report, name: str, layout=None) -> Iterator[pa.Table | None]:
+    """The shard's rows (canonical names), one row group (Parquet) or record batch (Arrow) at a
+    time; None (after recording why) where it cannot be read or has the wrong schema."""
     try:
-        if path.suffix == ".parquet":
-            import pyarrow.parquet as pq
-
-            parquet = pq.ParquetFile(path)
-            schema = parquet.schema_arrow
-            chunks = (parquet.read_row_group(i) for i in range(parquet.num_row_groups))
-        else:
-            reader = pa.ipc.open_stream(pa.memory_map(str(path)))
-            schema = reader.schema
-            chunks = (pa.Table.from_batches([batch], schema) for batch in reader)
+        reader = ShardReader(path, layout)
+        schema = reader.schema
+        chunks = reader.tables()
         if not schema.equals(ROW_SCHEMA):
             report.failures.append(
                 Failure("schema", f"columns {schema.to_string(show_schema_metadata=False)!r} "
@@ -172,12 +174,7 @@ def _shard_tables(path: Path, report: Report, name: str) -> Iterator[pa.Table | 
         yield None
 
 
-def _flat(table: pa.Table, column: str) -> tuple[np.ndarray, np.ndarray]:
-    """(values, offsets) of a list column, as numpy."""
-    array = table.column(column).chunk(0) if table.num_rows else pa.array([], ROW_SCHEMA.field(column).type)
-    offsets = array.offsets.to_numpy().astype(np.int64)
-    values = array.values.to_numpy()[offsets[0] : offsets[-1]] if len(array) else np.zeros(0, np.int64)
-    return values, offsets - offsets[0]
+_flat = list_column
 
 
 def _first_row(offsets: np.ndarray, bad_positions: np.ndarray) -> int:

@@ -23,7 +23,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .errors import ConfigError, OutputError
-from .materialize import ROW_SCHEMA, Segments, TokenStore, materialize
+from .layout import ROW_SCHEMA
+from .materialize import Segments, TokenStore, materialize
 from .read import file_sha256
 
 SHARD_FORMATS = ("parquet", "arrow")
@@ -195,35 +196,28 @@ def _prefetched(pool, fn, calls):
 
 
 @contextmanager
-def _shard_writer(path: Path, shard_format: str):
+def _shard_writer(path: Path, shard_format: str, schema: pa.Schema = ROW_SCHEMA):
+    """A function writing tables of ``schema`` to one shard (``export`` writes other layouts' schemas)."""
     if shard_format == "parquet":
         # no dictionary pages: token ids have too many distinct values for them to pay; without
         # them the fixture shards are 22% smaller and written 20% faster
-        writer = pq.ParquetWriter(path, ROW_SCHEMA, compression="zstd", write_statistics=False, use_dictionary=False)
+        writer = pq.ParquetWriter(path, schema, compression="zstd", write_statistics=False, use_dictionary=False)
         try:
             yield lambda table: writer.write_table(table, row_group_size=table.num_rows)
         finally:
             writer.close()
     else:
-        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, ROW_SCHEMA) as writer:
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
             yield writer.write_table
 
 
-def _write_arrow_dataset_state(data_dir: Path, entries: list[dict]) -> None:
+def _write_arrow_dataset_state(data_dir: Path, entries: list[dict], schema: pa.Schema = ROW_SCHEMA) -> None:
     """Make ``data/`` loadable with ``datasets.load_from_disk`` (memory-mapped, no copy)."""
     import json
 
-    from datasets import Features, Sequence, Value
+    from datasets import Features
 
-    features = Features(
-        {
-            "input_ids": Sequence(Value("int32")),
-            "labels": Sequence(Value("int32")),
-            "position_ids": Sequence(Value("int32")),
-            "seq_lens": Sequence(Value("int32")),
-            "source_index": Sequence(Value("int64")),
-        }
-    )
+    features = Features.from_arrow_schema(schema)
     state = {
         "_data_files": [{"filename": Path(e["path"]).name} for e in entries],
         "_fingerprint": hashlib.sha256("".join(e["sha256"] for e in entries).encode()).hexdigest()[:16],

@@ -187,6 +187,13 @@ def corrupt_coverage(folder: Path):
     return None, None
 
 
+def corrupt_layout(folder: Path):
+    manifest = load_manifest(folder)
+    manifest["layout"] = "no-such-layout"  # a layout this packprep cannot read back
+    save_manifest(folder, manifest)
+    return None, None
+
+
 def corrupt_counts(folder: Path):
     manifest = load_manifest(folder)
     manifest["counts"]["packed"] += 1
@@ -196,6 +203,7 @@ def corrupt_counts(folder: Path):
 
 CORRUPTIONS = {
     "manifest": corrupt_manifest,
+    "layout": corrupt_layout,
     "shard_file": corrupt_shard_file,
     "schema": corrupt_schema,
     "lengths": corrupt_lengths,
