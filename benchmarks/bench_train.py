@@ -22,13 +22,12 @@ from the fixture conversations tokenized with the llama3 tokenizer (--data fixtu
 made on a machine with the fixtures by --dump-fixtures).  --exactness runs the packed-vs-alone
 check in bf16 on the GPU with the real kernels instead of the timing.
 
-Needs only torch, transformers, numpy and pyarrow (plus packprep/torch.py from this tree).
+Needs only torch, transformers, numpy and pyarrow (plus packprep/ from this tree).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
@@ -44,17 +43,11 @@ DEVICE = os.environ.get("BENCH_DEVICE", "cuda")  # "cpu" only for dry runs of --
 
 
 def load_packprep_torch():
-    """packprep.torch, or the file itself when the rest of packprep's deps are missing here."""
+    """packprep.torch from this tree (it needs only torch and numpy to import; pyarrow to read shards)."""
     sys.path.insert(0, REPO)
-    try:
-        import packprep.torch as pt  # noqa: F401
+    import packprep.torch as pt
 
-        return pt
-    except ImportError:
-        spec = importlib.util.spec_from_file_location("packprep_torch", os.path.join(REPO, "packprep", "torch.py"))
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod
+    return pt
 
 
 # ------------------------------------------------------------------------------------------
@@ -221,7 +214,7 @@ def padded_batches(pt, samples, batch_size, grouped, rng):
     batches = []
     for i in range(0, len(order), batch_size):
         rows = [{"input_ids": samples[j][0], "labels": samples[j][1]} for j in order[i:i + batch_size]]
-        batches.append(pt.collate_padded(rows, pad_token_id=0))
+        batches.append(pt.collate_padded(rows, pad_token_id=0, count=True))
     return batches
 
 
@@ -233,7 +226,7 @@ def packed_batches(pt, samples, bins, max_len, strategy, rng, tmp, rows_per_step
     ds = pt.PackedDataset(out_dir)
     assert len(ds) == len(bins)
     order = [int(i) for i in rng.permutation(len(ds))]
-    return [pt.collate_packed([ds[i] for i in order[j:j + rows_per_step]])
+    return [pt.collate_packed([ds[i] for i in order[j:j + rows_per_step]], count=True)
             for j in range(0, len(order), rows_per_step)]
 
 
@@ -367,7 +360,7 @@ def run_benchmark(args, pt):
         elif base in ("packed_sdpa", "packed_varlen") and shards is not None:  # the shards' own rows
             order = [int(i) for i in np.random.default_rng(args.seed).permutation(len(shards))]
             plan[m] = ("sdpa" if base == "packed_sdpa" else varlen,
-                       [pt.collate_packed([shards[i] for i in order[j:j + rows_per_step]])
+                       [pt.collate_packed([shards[i] for i in order[j:j + rows_per_step]], count=True)
                         for j in range(0, len(order), rows_per_step)])
         elif base in ("packed_sdpa", "packed_varlen"):
             plan[m] = ("sdpa" if base == "packed_sdpa" else varlen,
@@ -448,13 +441,13 @@ def run_exactness(args, pt):
         set_attn(model, attn)
         worst_logit, worst_loss, tot_p, tot_a, ref_scale = 0.0, 0.0, 0.0, 0.0, 0.0
         for row in rows:
-            batch = pt.collate_packed([row])
+            batch = pt.collate_packed([row], count=True)
             n_sup = batch.pop("num_supervised_tokens")
             labels = batch.pop("labels")[0]
             packed = logits_of(batch)
             cu = batch["cu_seq_lens_q"].tolist()
             for a, b in zip(cu[:-1], cu[1:]):
-                one = pt.collate_packed([{"input_ids": row["input_ids"][a:b], "labels": row["labels"][a:b]}])
+                one = pt.collate_packed([{"input_ids": row["input_ids"][a:b], "labels": row["labels"][a:b]}], count=True)
                 one.pop("num_supervised_tokens"); one.pop("labels")
                 alone = logits_of(one)
                 worst_logit = max(worst_logit, float((packed[a:b] - alone).abs().max()))
@@ -464,7 +457,7 @@ def run_exactness(args, pt):
                 tot_p += float(lp); tot_a += float(la)
         # the broken batch: all-ones attention mask next to packed position ids
         multi = next(r for r in rows if len(r["seq_lens"]) > 1)
-        batch = pt.collate_packed([multi]); batch.pop("num_supervised_tokens"); batch.pop("labels")
+        batch = pt.collate_packed([multi], count=True); batch.pop("num_supervised_tokens"); batch.pop("labels")
         cu = batch["cu_seq_lens_q"].tolist()
         if attn == "sdpa":
             broken = dict(batch, attention_mask=torch.ones_like(batch["input_ids"]))

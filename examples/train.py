@@ -84,7 +84,7 @@ def micro_batches(ds: PackedDataset, args, rng):
         while True:
             order = rng.permutation(len(ds))
             for i in range(0, len(order) - args.rows_per_batch + 1, args.rows_per_batch):
-                yield collate_packed([ds[int(j)] for j in order[i:i + args.rows_per_batch]])
+                yield collate_packed([ds[int(j)] for j in order[i:i + args.rows_per_batch]], count=True)
     samples = unpack_rows(ds[i] for i in range(len(ds)))
     bs = args.batch_size
     while True:
@@ -97,7 +97,7 @@ def micro_batches(ds: PackedDataset, args, rng):
         else:
             batches = [order[i:i + bs] for i in range(0, len(order), bs)]
         for b in batches:
-            yield collate_padded([samples[j] for j in b], pad_token_id=args.pad_token_id)
+            yield collate_padded([samples[j] for j in b], pad_token_id=args.pad_token_id, count=True)
 
 
 def main(argv=None):

@@ -18,6 +18,8 @@ transformers = pytest.importorskip("transformers")
 pa = pytest.importorskip("pyarrow")
 import pyarrow.parquet as pq  # noqa: E402
 
+from packprep.layout import ROW_SCHEMA  # noqa: E402
+
 from packprep.torch import (  # noqa: E402
     IGNORE_INDEX,
     PackedDataset,
@@ -78,15 +80,7 @@ def write_shards(out_dir, rows, fmt: str = "parquet", n_shards: int = 2) -> None
     """A packprep output folder written with pyarrow directly (stand-in for the real writer)."""
     data = out_dir / "data"
     data.mkdir(parents=True)
-    schema = pa.schema(
-        [
-            ("input_ids", pa.list_(pa.int32())),
-            ("labels", pa.list_(pa.int32())),
-            ("position_ids", pa.list_(pa.int32())),
-            ("seq_lens", pa.list_(pa.int32())),
-            ("source_index", pa.list_(pa.int64())),
-        ]
-    )
+    schema = ROW_SCHEMA
     parts = np.array_split(np.arange(len(rows)), n_shards)
     for k, idx in enumerate(parts):
         cols = {name: [rows[i][name].tolist() for i in idx] for name in schema.names}
@@ -180,7 +174,7 @@ def test_dataset_reads_rows(tmp_path, fmt):
 
 def test_collate_packed_contract(dataset):
     rows = [dataset[0], dataset[1]]
-    batch = collate_packed(rows)
+    batch = collate_packed(rows, count=True)
     assert "attention_mask" not in batch
     assert batch["use_cache"] is False
     t = sum(len(r["input_ids"]) for r in rows)
@@ -208,7 +202,7 @@ def test_num_supervised_tokens_ignores_first_label():
     # a (contract-violating) trained first label is not counted and is masked by the collator
     row = {"input_ids": np.arange(6), "labels": np.arange(6), "seq_lens": np.array([3, 3])}
     assert num_supervised_tokens(row["labels"], row["seq_lens"]) == 4
-    batch = collate_packed([row])
+    batch = collate_packed([row], count=True)
     assert batch["labels"][0, 0] == IGNORE_INDEX and batch["labels"][0, 3] == IGNORE_INDEX
     assert batch["num_supervised_tokens"] == 4
 
@@ -222,12 +216,12 @@ def test_collate_packed_rejects_unrestarted_positions(dataset):
 
 def test_collate_padded(dataset):
     rows = [dataset[0], dataset[1]]
-    batch = collate_padded(rows, pad_token_id=0)
+    batch = collate_padded(rows, pad_token_id=0, count=True)
     seq_lens = np.concatenate([r["seq_lens"] for r in rows])
     assert batch["input_ids"].shape == (len(seq_lens), int(seq_lens.max()))
     np.testing.assert_array_equal(batch["attention_mask"].sum(1).numpy(), seq_lens)
     assert (batch["labels"][batch["attention_mask"] == 0] == IGNORE_INDEX).all()
-    assert batch["num_supervised_tokens"] == collate_packed(rows)["num_supervised_tokens"]
+    assert batch["num_supervised_tokens"] == collate_packed(rows, count=True)["num_supervised_tokens"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,7 +236,7 @@ def test_packed_equals_unpacked(model, dataset):
     # every row alone, and all rows concatenated into one (1, T) batch
     batches = [[dataset[i]] for i in range(len(dataset))] + [[dataset[i] for i in range(len(dataset))]]
     for rows in batches:
-        batch = collate_packed(rows)
+        batch = collate_packed(rows, count=True)
         logits = forward_logits(model, batch)[0]
         labels = batch["labels"][0]
         cu = batch["cu_seq_lens_q"].tolist()
@@ -343,7 +337,7 @@ def test_varlen_adapter_with_reference_kernel(model, dataset, monkeypatch):
     """
     import torch.nn.attention.varlen as varlen_mod
 
-    import packprep.torch as pt
+    import packprep.torch.attention as pt
 
     calls = []
 
@@ -388,12 +382,14 @@ def test_varlen_adapter_with_reference_kernel(model, dataset, monkeypatch):
 
 
 def test_model_call_with_whole_batch(model, dataset):
-    # model(**batch) works as is: transformers ignores num_supervised_tokens; its loss is the mean
+    # model(**batch) works as is (every key is a model argument); its loss is the per-token mean
     batch = collate_packed([dataset[0], dataset[1]])
+    assert "num_supervised_tokens" not in batch
     with torch.no_grad():
         loss = model(**batch).loss
     logits = forward_logits(model, batch)[0]
-    ref = seq_loss_sum(logits, batch["labels"][0]) / batch["num_supervised_tokens"]
+    seq_lens = np.concatenate([dataset[0]["seq_lens"], dataset[1]["seq_lens"]])
+    ref = seq_loss_sum(logits, batch["labels"][0]) / num_supervised_tokens(batch["labels"][0], seq_lens)
     torch.testing.assert_close(loss, ref, atol=ATOL, rtol=1e-5)
 
 
@@ -418,3 +414,38 @@ def test_real_writer_shards(tmp_path):
         assert batch["input_ids"].shape[1] == int(row["seq_lens"].sum()) <= 256
         # the writer already puts -100 at every sequence start: the collator changes nothing
         np.testing.assert_array_equal(batch["labels"][0].numpy(), row["labels"])
+
+
+def test_import_loads_neither_numba_nor_pyarrow():
+    import subprocess
+    import sys
+
+    code = "import packprep.torch, sys; assert 'numba' not in sys.modules and 'pyarrow' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_seq_lens_reads_only_that_column(dataset, monkeypatch):
+    from packprep.layout import ShardReader
+
+    read = []
+    original = ShardReader.read
+    monkeypatch.setattr(ShardReader, "read", lambda self, columns=None: read.append(columns) or original(self, columns))
+    fresh = PackedDataset(dataset.files)
+    lens = fresh.seq_lens()
+    assert read and all(columns == ["seq_lens"] for columns in read)
+    assert [x.tolist() for x in lens] == [dataset[i]["seq_lens"].tolist() for i in range(len(dataset))]
+
+
+def test_dataset_reads_a_renamed_layout(tmp_path):
+    """A folder exported for TRL (seq_lens stored as seq_lengths) reads back with canonical names."""
+    from packprep.layout import get_layout
+
+    rows = make_rows(seed=2, n_rows=2)
+    write_shards(tmp_path, rows, n_shards=1)
+    shard = next((tmp_path / "data").iterdir())
+    pq.write_table(get_layout("trl").to_layout(pq.read_table(shard), None), shard)
+    manifest = json.loads((tmp_path / "packprep.json").read_text())
+    (tmp_path / "packprep.json").write_text(json.dumps({**manifest, "layout": "trl"}))
+    ds = PackedDataset(tmp_path)
+    np.testing.assert_array_equal(ds[1]["seq_lens"], rows[1]["seq_lens"])
+    assert [x.tolist() for x in ds.seq_lens()] == [r["seq_lens"].tolist() for r in rows]

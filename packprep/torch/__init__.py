@@ -1,0 +1,64 @@
+"""PyTorch integration for packprep shards (the ``torch`` extra).
+
+Everything that needs ``torch`` lives in this package; ``import packprep`` never imports torch, and
+``import packprep.torch`` loads neither numba nor pyarrow (shards are opened on first use).
+
+``data``      ``PackedDataset(dir_or_files)``: map-style dataset; item ``i`` is packed row ``i`` as
+              1-D numpy arrays with the canonical column names (``packprep.layout``), whatever
+              the folder's layout; safe in ``DataLoader`` workers.
+``collate``   ``collate_packed(rows)`` / ``PackedCollator``: one or more packed rows as ONE flat
+              ``(1, T)`` varlen batch::
+
+                  input_ids, labels, position_ids   LongTensor (1, T)
+                  cu_seq_lens_q, cu_seq_lens_k      IntTensor  (N + 1,) = [0, cumsum(seq_lens of all rows)]
+                  max_length_q, max_length_k        int        (longest packed sequence)
+                  use_cache                         False
+
+              Every key is a model argument: ``model(**batch)`` and ``Trainer(data_collator=
+              collate_packed)`` take it as is. It never emits an ``attention_mask`` (an all-ones
+              mask next to restarted ``position_ids`` silently disables packed-sequence isolation
+              in transformers' SDPA/eager path and in flash-attention), and always sets
+              ``use_cache=False`` (transformers skips its packed-sequence detection whenever a
+              KV cache is created). It forces the first label of every packed sequence to -100.
+              ``count=True`` adds ``num_supervised_tokens``: the tokens in the causal-LM loss after
+              the shift (``labels[t] != -100``, ``t >= 1`` within a sequence), to normalise the loss
+              over an optimizer step across gradient accumulation; pop it before ``model(**batch)``.
+              ``collate_padded`` is the padding baseline (one sequence a row, with a mask).
+``attention`` ``register_varlen_attention()``: ``torch.nn.attention.varlen.varlen_attn`` as a
+              transformers attention function; returns its ``attn_implementation`` name, or None.
+``isolation`` ``check_pipeline(collate_fn_or_trainer, model, data)``: one real packed row through
+              the user's own collator/Trainer and model, compared with its sequences run alone;
+              raises ``PackingIsolationError`` naming the cause. ``check_isolation(model)``: the
+              model alone, on two random sequences.
+"""
+
+from __future__ import annotations
+
+try:
+    import torch  # noqa: F401
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError("packprep.torch needs PyTorch: install the extra with `pip install packprep[torch]`") from exc
+
+from ..layout import IGNORE_INDEX
+from .attention import VARLEN_ATTENTION_NAME, register_varlen_attention, varlen_attention_forward
+from .collate import (PackedCollator, PaddedCollator, collate_packed, collate_padded, num_supervised_tokens,
+                      unpack_rows)
+from .data import PackedDataset
+from .isolation import PackingIsolationError, check_isolation, check_pipeline
+
+__all__ = [
+    "IGNORE_INDEX",
+    "VARLEN_ATTENTION_NAME",
+    "PackedDataset",
+    "PackedCollator",
+    "PaddedCollator",
+    "PackingIsolationError",
+    "check_isolation",
+    "check_pipeline",
+    "collate_packed",
+    "collate_padded",
+    "unpack_rows",
+    "num_supervised_tokens",
+    "register_varlen_attention",
+    "varlen_attention_forward",
+]

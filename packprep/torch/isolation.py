@@ -1,0 +1,344 @@
+"""Guards that packed sequences stay isolated in the user's own stack, raising with the cause when not.
+
+``check_pipeline(collate_fn_or_trainer, model, data)`` runs one real packed row of ``data`` through
+the user's own collator (or Trainer: its prepared dataset, column removal, collator and model) and
+compares every packed sequence's logits with the sequence run alone. ``check_isolation(model)``
+checks the model alone, on two random sequences.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from ..layout import IGNORE_INDEX
+from .collate import collate_packed
+
+
+class PackingIsolationError(RuntimeError):
+    """A packed sequence's logits differ from the same sequence run alone."""
+
+
+_PACKING_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+
+
+def _model_dtype(model) -> torch.dtype:
+    for p in model.parameters():
+        if p.is_floating_point():
+            return p.dtype
+    return torch.float32
+
+
+def _attn_impl(model) -> str:
+    cfg = getattr(model, "config", None)
+    return str(getattr(cfg, "_attn_implementation", None) or getattr(cfg, "attn_implementation", "?"))
+
+
+def check_isolation(
+    model,
+    vocab_size: int | None = None,
+    device=None,
+    *,
+    lengths: Sequence[int] = (24, 17),
+    forward_kwargs: Mapping[str, Any] | None = None,
+    via_collator: bool = False,
+    atol: float | None = None,
+    seed: int = 0,
+) -> dict:
+    """Check that packed sequences are isolated in ``model`` as configured; raise if not.
+
+    Two random sequences (``lengths``) are run packed in one row (``position_ids`` restarting
+    at 0, no attention mask) and each alone.  By default the packed call passes only
+    ``input_ids`` and ``position_ids`` plus ``forward_kwargs``, so the model's own defaults
+    (``config.use_cache``, the attention implementation) decide; with ``via_collator=True``
+    the batch is exactly what :func:`collate_packed` emits (``use_cache=False``, varlen kwargs).
+    The model is put in eval mode for the check (dropout off) and restored afterwards.
+
+    Raises :class:`PackingIsolationError` naming the likely cause when a sequence's logits
+    differ by more than ``atol`` (default 1e-3 in float32/float64, else
+    ``max(0.25, 0.05 * max|logit|)``).  Returns the per-sequence max abs differences.
+    """
+    cfg = getattr(model, "config", None)
+    if vocab_size is None:
+        text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+        vocab_size = int(getattr(text_cfg, "vocab_size"))
+    if device is None:
+        device = next(model.parameters()).device
+    dtype = _model_dtype(model)
+    gen = torch.Generator().manual_seed(seed)
+    seqs = [torch.randint(0, vocab_size, (int(n),), generator=gen) for n in lengths]
+    rows = [
+        {"input_ids": s, "labels": s, "seq_lens": [len(s)]} for s in seqs
+    ]
+    packed_row = {
+        "input_ids": torch.cat(seqs),
+        "labels": torch.cat(seqs),
+        "seq_lens": [len(s) for s in seqs],
+    }
+    extra = dict(forward_kwargs or {})
+
+    def run(batch: dict, kwargs: Mapping[str, Any]) -> torch.Tensor:
+        call = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+        call.update({k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()})
+        out = model(**call)
+        logits = out.logits if hasattr(out, "logits") else out[0]
+        return logits[0].float()
+
+    def batch_for(row: dict, packing_kwargs: bool, collator: bool) -> dict:
+        full = collate_packed([row])
+        if collator:
+            b = {k: v for k, v in full.items() if k not in ("labels", "num_supervised_tokens")}
+        else:
+            b = {"input_ids": full["input_ids"], "position_ids": full["position_ids"]}
+            if packing_kwargs:
+                b.update({k: full[k] for k in _PACKING_KEYS})
+        return b
+
+    def measure(kwargs: Mapping[str, Any], packing_kwargs: bool = False, collator: bool = via_collator):
+        alone_kwargs = {k: v for k, v in kwargs.items() if k != "attention_mask"}
+        packed = run(batch_for(packed_row, packing_kwargs, collator), kwargs)
+        diffs, scale, start = [], 0.0, 0
+        for row, s in zip(rows, seqs):
+            alone = run(batch_for(row, packing_kwargs, collator), alone_kwargs)
+            part = packed[start : start + len(s)]
+            diffs.append(float((part - alone).abs().max()))
+            scale = max(scale, float(alone.abs().max()))
+            start += len(s)
+        return diffs, scale
+
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            diffs, scale = measure(extra)
+            tol = atol
+            if tol is None:
+                tol = 1e-3 if dtype in (torch.float32, torch.float64) else max(0.25, 0.05 * scale)
+            if max(diffs) <= tol:
+                return {"max_abs_diff": diffs, "tolerance": tol, "attn_implementation": _attn_impl(model)}
+            impl = _attn_impl(model)
+            head = (
+                f"packed sequences are NOT isolated: logits of a packed sequence differ from the same "
+                f"sequence run alone by {max(diffs):.3g} (tolerance {tol:.3g}; attn_implementation="
+                f"{impl!r}, dtype={dtype}). "
+            )
+            cause = None
+            if extra.get("attention_mask") is not None:
+                cause = (
+                    "An attention_mask was passed next to packed position_ids: transformers (SDPA/eager) "
+                    "then skips its packed-sequence detection and flash-attention treats the row as ONE "
+                    "sequence. Pass no attention_mask with packed rows (packprep.torch.collate_packed never does)."
+                )
+            elif extra.get("use_cache", getattr(cfg, "use_cache", False)) and not via_collator:
+                no_cache = dict(extra, use_cache=False)
+                d2, _ = measure(no_cache)
+                if max(d2) <= tol:
+                    cause = (
+                        "use_cache is True (model.config.use_cache defaults to True, also in training): "
+                        "transformers creates a KV cache and then skips its packed-sequence detection "
+                        "for SDPA/eager attention, so packed sequences attend across their boundaries. "
+                        "Pass use_cache=False in every forward (packprep.torch collators do) or set "
+                        "model.config.use_cache = False."
+                    )
+            if cause is None:
+                d3, _ = measure(dict(extra, use_cache=False), packing_kwargs=True, collator=False)
+                if max(d3) <= tol and not via_collator:
+                    cause = (
+                        f"attention implementation {impl!r} ignores restarted position_ids; it isolates "
+                        "sequences only when given cu_seq_lens_q/k and max_length_q/k. Feed batches "
+                        "from packprep.torch.collate_packed."
+                    )
+                else:
+                    cause = (
+                        f"attention implementation {impl!r} ignores both position_ids and cu_seq_lens: "
+                        "it cannot train on packed rows. Use 'sdpa', 'eager', 'flash_attention_2' or "
+                        "packprep.torch.register_varlen_attention()."
+                    )
+            raise PackingIsolationError(head + cause)
+    finally:
+        if was_training:
+            model.train()
+
+
+def _tolerance(dtype: torch.dtype, scale: float, atol: float | None) -> float:
+    if atol is not None:
+        return atol
+    return 1e-3 if dtype in (torch.float32, torch.float64) else max(0.25, 0.05 * scale)
+
+
+def _is_trainer(obj) -> bool:
+    return hasattr(obj, "data_collator") and hasattr(obj, "train_dataset") and hasattr(obj, "model")
+
+
+def _truth(data) -> tuple[Any, list[dict]]:
+    """The folder's rows: canonical (the truth) and as ``datasets.load_dataset`` yields them (stored names)."""
+    from ..layout import ShardReader
+    from .data import PackedDataset
+
+    dataset = PackedDataset(data)
+    return dataset, [ShardReader(path) for path in dataset.files]
+
+
+def _stored_row(readers, dataset, index: int) -> dict:
+    k = int(np.searchsorted(dataset._starts, index, side="right") - 1)
+    return readers[k].row(index - int(dataset._starts[k]))
+
+
+def _pick(dataset, trainer, max_rows: int):
+    """(truth row, the example the pipeline is fed, the trainer's dropped columns): a row of >= 2 sequences."""
+    if trainer is None:
+        for index in range(min(len(dataset), max_rows)):
+            row = dataset[index]
+            if len(row["seq_lens"]) >= 2:
+                return index, row
+        raise ValueError(f"no row among the first {max_rows} of {dataset.files[0]}... holds two packed sequences")
+    prepared = trainer.train_dataset
+    rows = [dataset[index]["input_ids"] for index in range(min(len(dataset), max_rows * 4))]
+    whole = {row.tobytes(): index for index, row in enumerate(rows)}
+    for i in range(min(len(prepared), max_rows)):
+        ids = np.asarray(prepared[i]["input_ids"], dtype=rows[0].dtype)
+        index = whole.get(ids.tobytes())
+        if index is None:  # a row the trainer cut: the row it is the start of
+            index = next((k for k, row in enumerate(rows) if len(row) > len(ids) and np.array_equal(row[: len(ids)], ids)), None)
+        if index is not None and len(dataset[index]["seq_lens"]) >= 2:
+            return index, i
+    raise ValueError("none of the trainer's first rows is a packed row of the given folder with two sequences: "
+                     "pass the folder the trainer's train_dataset was loaded from")
+
+
+def check_pipeline(pipeline, model=None, data: str | os.PathLike | None = None, *, atol: float | None = None,
+                   max_rows: int = 256) -> dict:
+    """Run one packed row of ``data`` through the user's own pipeline and model; raise on any leak.
+
+    ``pipeline``: the collate function given to the DataLoader (``collate_packed``, a transformers
+    ``DataCollator``...), or a transformers/TRL ``Trainer``, whose own path is then used: its
+    prepared ``train_dataset`` (TRL truncates there), its column removal
+    (``remove_unused_columns``), its ``data_collator`` and ``_prepare_inputs``, and its model.
+    ``model``: the model as configured for training (default: the trainer's).
+    ``data``: the packprep output folder the rows come from; it says where each sequence starts.
+
+    Each packed sequence's logits in the batch must equal the sequence's logits run alone (tolerance
+    ``atol``: 1e-3 in float32, else bf16 rounding), and no label may ask a sequence to predict the
+    next one's first token. On a leak, raises :class:`PackingIsolationError` naming the cause: merged or
+    recomputed position ids, an attention mask, a KV cache, truncation, dropped columns, labels.
+    Returns the max logit difference and the summed loss of the row packed and run one by one.
+    """
+    trainer = pipeline if _is_trainer(pipeline) else None
+    if model is None:
+        if trainer is None:
+            raise TypeError("check_pipeline(collate_fn, model, data): pass the model")
+        model = trainer.model
+    if data is None:
+        raise TypeError("check_pipeline needs data=: the packprep output folder the rows come from")
+    dataset, readers = _truth(data)
+    index, picked = _pick(dataset, trainer, max_rows)
+    truth = dataset[index]
+    stored = _stored_row(readers, dataset, index)
+    dropped: list[str] = []
+    if trainer is None:
+        batch = pipeline([stored])
+    else:
+        # the trainer's own path: its prepared dataset, its column removal, its collator, its device move
+        example = trainer._remove_unused_columns(trainer.train_dataset.select([picked]), "check_pipeline")[0]
+        dropped = [name for name in stored if name not in example]
+        batch = trainer._prepare_inputs(trainer.data_collator([example]))
+    return _compare(model, batch, truth, dropped, atol)
+
+
+def _compare(model, batch: Mapping[str, Any], truth: Mapping[str, np.ndarray], dropped: Sequence[str], atol) -> dict:
+    device = next(model.parameters()).device
+    batch = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+    ids = np.asarray(truth["input_ids"], dtype=np.int64)
+    labels = np.asarray(truth["labels"], dtype=np.int64)
+    seq_lens = np.asarray(truth["seq_lens"], dtype=np.int64)
+    starts = np.cumsum(seq_lens) - seq_lens
+    got_ids = batch["input_ids"][0].cpu().numpy()
+    n = min(len(ids), len(got_ids))
+    head = "packed sequences are NOT isolated in this pipeline: "
+    if not np.array_equal(got_ids[:n], ids[:n]):
+        raise PackingIsolationError(head + "the batch's input_ids are not the packed row's (the collator reordered "
+                                    "or rewrote the tokens); feed rows as they are stored")
+    if len(got_ids) < len(ids):
+        raise PackingIsolationError(
+            head + f"truncation: the row of {len(ids)} tokens reached the model as {len(got_ids)} tokens, cutting "
+            f"{len(ids) - len(got_ids)} tokens and sequences off (TRL: max_length defaults to 1024; set "
+            "max_length=None, or at least the folder's max_len)"
+        )
+    dtype = _model_dtype(model)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            logits = _logits(model(**batch))
+            alone = [_logits(model(input_ids=torch.as_tensor(ids[a : a + m], device=device)[None],
+                                   position_ids=torch.arange(m, device=device)[None], use_cache=False))
+                     for a, m in zip(starts.tolist(), seq_lens.tolist())]
+            diffs = [float((logits[a : a + m] - one).abs().max()) for a, m, one in zip(starts, seq_lens, alone)]
+            tol = _tolerance(dtype, max(float(one.abs().max()) for one in alone), atol)
+            if max(diffs) > tol:
+                cause = _leak_cause(model, batch, starts, len(ids), dropped, tol, alone)
+                raise PackingIsolationError(
+                    head + f"logits of a packed sequence differ from the same sequence run alone by {max(diffs):.3g} "
+                    f"(tolerance {tol:.3g}; attn_implementation={_attn_impl(model)!r}, dtype={dtype}). " + cause
+                )
+    finally:
+        if was_training:
+            model.train()
+    got_labels = batch["labels"][0].cpu().numpy()[: len(ids)] if "labels" in batch else labels
+    bad = starts[1:][got_labels[starts[1:]] != IGNORE_INDEX]
+    if len(bad):
+        raise PackingIsolationError(
+            head + f"labels: the label at token {int(bad[0])}, the first token of a packed sequence, is not -100, so "
+            "the loss asks the previous sequence's last token to predict it; keep the shards' labels"
+        )
+    if not np.array_equal(got_labels, labels):
+        raise PackingIsolationError(
+            head + "labels: the batch's labels differ from the shards' (rebuilt from input_ids?): untrained tokens "
+            "(prompts, padding) would be trained; keep the shards' labels column"
+        )
+    loss = lambda out, a, m: torch.nn.functional.cross_entropy(  # noqa: E731
+        out[:-1].float(), torch.as_tensor(labels[a + 1 : a + m], device=out.device), ignore_index=IGNORE_INDEX,
+        reduction="sum")
+    packed_loss = sum(float(loss(logits[a : a + m], a, m)) for a, m in zip(starts, seq_lens))
+    alone_loss = sum(float(loss(one, a, m)) for a, m, one in zip(starts, seq_lens, alone))
+    return {"max_abs_diff": max(diffs), "tolerance": tol, "sequences": len(seq_lens), "tokens": len(ids),
+            "loss_packed": packed_loss, "loss_alone": alone_loss}
+
+
+def _logits(out) -> torch.Tensor:
+    logits = out.logits if hasattr(out, "logits") else out[0]
+    return logits.reshape(-1, logits.shape[-1]).float()
+
+
+def _leak_cause(model, batch, starts, n_tokens, dropped, tol, alone) -> str:
+    """Why the batch leaks, named from what it carries (and, for the KV cache, by re-running without one)."""
+    boundary = f"the row's sequences start at tokens {starts.tolist()}"
+    lost = f" The stack dropped the columns {dropped} before the collator (remove_unused_columns)." if dropped else ""
+    mask = batch.get("attention_mask")
+    if mask is not None and bool((mask[0, :n_tokens] != 0).all()):
+        return ("An all-ones attention_mask came with the batch: transformers' SDPA/eager path then skips its "
+                "packed-sequence detection and flash-attention treats the row as ONE sequence. Use a collator "
+                "that emits no attention_mask: packprep.torch.collate_packed, or TRL with padding_free=True "
+                "(a tokenizer's default DataCollatorWithPadding, and TRL without padding_free, add one)." + lost)
+    positions = batch.get("position_ids")
+    if positions is None:
+        return ("No position_ids reached the model, so it numbers the row 0..n-1 as ONE sequence (" + boundary +
+                ")." + lost + " Pass restarted position_ids: collate_packed, or TRL's padding-free collator with "
+                "the `trl` layout's seq_lengths column.")
+    restarts = np.flatnonzero(positions[0, :n_tokens].cpu().numpy() == 0)
+    if not np.array_equal(restarts, starts):
+        return (f"The batch's position_ids restart at tokens {restarts.tolist()}, but {boundary}: they were "
+                "recomputed for the row as if it were one sequence (DataCollatorWithFlattening numbers each packed "
+                "row 0..n-1; TRL does so when the seq_lengths column is missing)." + lost +
+                " Use collate_packed, or the `trl` layout with TRL's padding_free=True.")
+    if batch.get("use_cache") is not False and getattr(getattr(model, "config", None), "use_cache", False):
+        retry = _logits(model(**{**batch, "use_cache": False}))
+        if max(float((retry[a : a + len(one)] - one).abs().max()) for a, one in zip(starts, alone)) <= tol:
+            return ("A KV cache: use_cache is True (model.config.use_cache defaults to True, also in training), and "
+                    "transformers skips its packed-sequence detection when a cache exists. Set "
+                    "model.config.use_cache = False or pass use_cache=False (collate_packed does).")
+    return (f"The attention implementation {_attn_impl(model)!r} ignores the restarted position_ids and the "
+            "cu_seq_lens: use 'sdpa', 'eager', 'flash_attention_2' or packprep.torch.register_varlen_attention().")
