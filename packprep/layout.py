@@ -18,7 +18,8 @@ How to add a layout: append ONE ``Layout(...)`` to ``LAYOUTS`` below (or call ``
   more (padding, masks, extra columns): canonical ``pa.Table`` rows in, that stack's columns out,
   one row group at a time;
 * ``recipe``: the few lines of that stack's settings (markdown, first line the
-  ``packprep.torch.check_pipeline`` guard), shown in the README and in the output's dataset card;
+  ``packprep.torch.check_pipeline`` guard: ``_guard(...)``), shown in the output's dataset card;
+  its fenced code blocks must appear verbatim in the README (a test checks);
 * ``test``: the test that runs the stack's own code on such shards;
 
 then add a literal-tensor test of the adapter (tiny hand-written rows in, exact columns out) and
@@ -338,9 +339,13 @@ def layout_names() -> tuple[str, ...]:
     return tuple(LAYOUTS)
 
 
-GUARD = "check_pipeline({pipeline}, data=\"packed/\")  # first: raises, naming the cause, if packed sequences would mix"
+def _guard(call: str) -> str:
+    return (f"First, always: `{call}` runs one packed row through exactly this setup and raises, naming the "
+            "cause, if packed sequences would see each other (an attention mask, recomputed position ids, "
+            "dropped columns, truncation, a KV cache).\n\n")
 
-LOOP_RECIPE = """\
+
+LOOP_RECIPE = _guard('check_pipeline(collate_packed, model, "packed/")') + """\
 ```python
 from torch.utils.data import DataLoader
 from packprep.torch import PackedDataset, check_pipeline, collate_packed, register_varlen_attention
@@ -353,7 +358,7 @@ for batch in loader:   # (1, T) input_ids/labels/position_ids, cu_seq_lens_*, ma
 Per-token loss across gradient accumulation: `collate_packed(rows, count=True)` adds
 `num_supervised_tokens` (pop it and pass the step's total as `num_items_in_batch=`)."""
 
-HF_RECIPE = """\
+HF_RECIPE = _guard('check_pipeline(trainer, data="packed/")') + """\
 ```python
 from datasets import load_dataset
 from transformers import Trainer, TrainingArguments
@@ -366,10 +371,11 @@ trainer.train()
 `collate_packed` concatenates the batch's rows into one `(1, T)` row with restarted `position_ids`,
 no `attention_mask` and `use_cache=False`. What breaks packing here: the default collator (a
 tokenizer's `DataCollatorWithPadding` adds an all-ones `attention_mask`), `DataCollatorWithFlattening`
-(recomputes `position_ids` per packed row, merging its sequences), and `use_cache=True` outside the
-Trainer (a KV cache switches transformers' packed-sequence detection off)."""
+(recomputes `position_ids` per packed row, merging its sequences), and `use_cache=True`
+(`TrainingArguments.use_cache` must keep its default False, which the Trainer copies into
+`model.config`: a KV cache switches transformers' packed-sequence detection off)."""
 
-TRL_RECIPE = """\
+TRL_RECIPE = _guard('check_pipeline(trainer, data="packed/")') + """\
 ```python
 from datasets import load_dataset
 from trl import SFTConfig, SFTTrainer
@@ -385,12 +391,14 @@ Rows carry `seq_lengths`, which TRL's padding-free collator turns into restarted
 (and `cu_seq_lens_*`); `remove_unused_columns` keeps it. What breaks packing here:
 `padding_free=False` (the default: an all-ones `attention_mask`, the row is one sequence),
 `max_length` (default 1024: rows are cut, and TRL refuses it with `padding_free`), `packing=True`
-(re-packs each row as ONE sequence), a custom `data_collator`, and a row layout without
-`seq_lengths` (`--layout packprep`: TRL then numbers each row 0..n-1, merging its sequences)."""
+(re-packs each row as ONE sequence), a custom `data_collator`, `use_cache=True` (keep
+`SFTConfig.use_cache` False, its default: a KV cache switches packed-sequence detection off), and a
+row layout without `seq_lengths` (`--layout packprep`: TRL then numbers each row 0..n-1, merging
+its sequences)."""
 
 register(Layout(
     "packprep", "a plain varlen loop (packprep.torch) and transformers' Trainer with collate_packed", TABLE,
-    LOOP_RECIPE + "\n\nWith transformers' `Trainer`:\n\n" + HF_RECIPE,
+    LOOP_RECIPE + "\n\nWith transformers' `Trainer` (the same rows, no export needed):\n\n" + HF_RECIPE.split("\n\n", 1)[1],
     test="tests/test_torch_packed.py, tests/test_trainers.py::test_hf_trainer_recipe",
 ))
 register(Layout(

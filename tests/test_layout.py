@@ -146,3 +146,16 @@ def test_verify_refuses_a_layout_it_cannot_read(packed, tmp_path, monkeypatch):
 def test_import_packprep_stays_light():
     code = "import packprep, sys; assert not {'numba', 'pyarrow', 'torch', 'transformers'} & set(sys.modules)"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+def test_every_recipe_starts_with_the_guard_and_is_in_the_readme():
+    import re
+
+    readme = (REPO / "README.md").read_text()
+    for layout in L.LAYOUTS.values():
+        assert layout.recipe.startswith("First, always: `check_pipeline("), layout.name
+        blocks = re.findall(r"```\w*\n.*?```", layout.recipe, re.S)
+        assert blocks, layout.name
+        for block in blocks:
+            assert block in readme, f"{layout.name}: recipe block missing from README.md"
+        assert f"`{layout.name}`" in readme

@@ -10,7 +10,6 @@ naming the cause.
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -20,6 +19,7 @@ datasets = pytest.importorskip("datasets")
 import packprep  # noqa: E402
 from packprep.export import export  # noqa: E402
 from packprep.torch import PackedDataset, PackingIsolationError, check_pipeline, collate_packed  # noqa: E402
+from packprep.torch.isolation import locate_sequences  # noqa: E402
 
 from .conftest import EXAMPLE_CHATS, EXAMPLE_TOKENIZER  # noqa: E402
 
@@ -55,21 +55,6 @@ def common_args(root, name):
                 dataloader_num_workers=0, seed=0)
 
 
-def truth_sequences(folder, input_ids):
-    """(start, length) of the packed sequences of the rows whose concatenation is ``input_ids``,
-    read from the folder itself (not from the batch, which is what is under test)."""
-    ds = PackedDataset(folder)
-    rows = {ds[i]["input_ids"].astype(np.int64).tobytes(): ds[i]["seq_lens"] for i in range(len(ds))}
-    lengths = sorted({len(ds[i]["input_ids"]) for i in range(len(ds))})
-    out, at = [], 0
-    while at < len(input_ids):
-        seq_lens = next(rows[key] for n in lengths if (key := input_ids[at : at + n].astype(np.int64).tobytes()) in rows)
-        for n in seq_lens.tolist():
-            out.append((at, n))
-            at += n
-    return out
-
-
 def assert_trainer_batches_exact(trainer, folder, batches=2):
     """The trainer's own batches and compute_loss give the one-by-one logits and summed loss."""
     model = trainer.model
@@ -84,7 +69,7 @@ def assert_trainer_batches_exact(trainer, folder, batches=2):
             summed = float(trainer.compute_loss(model, dict(inputs), num_items_in_batch=1))  # sum over tokens
             logits = model(**inputs).logits[0].float()
             alone_sum, worst = 0.0, 0.0
-            for a, n in truth_sequences(folder, ids):
+            for a, n in locate_sequences(PackedDataset(folder), ids):
                 one = model(input_ids=torch.as_tensor(ids[a : a + n])[None], use_cache=False).logits[0].float()
                 worst = max(worst, float((logits[a : a + n] - one).abs().max()))
                 alone_sum += float(torch.nn.functional.cross_entropy(one[:-1], labels[a + 1 : a + n],

@@ -169,6 +169,25 @@ def _tolerance(dtype: torch.dtype, scale: float, atol: float | None) -> float:
     return 1e-3 if dtype in (torch.float32, torch.float64) else max(0.25, 0.05 * scale)
 
 
+def locate_sequences(dataset, input_ids) -> list[tuple[int, int]]:
+    """(start, length) of every packed sequence in ``input_ids``, a concatenation of whole rows of
+    ``dataset`` (a ``PackedDataset``), found from the rows themselves, not from any batch metadata."""
+    input_ids = np.asarray(input_ids, dtype=np.int64)
+    rows = {np.asarray(dataset[i]["input_ids"], np.int64).tobytes(): i for i in range(len(dataset))}
+    lengths = sorted({len(dataset[i]["input_ids"]) for i in range(len(dataset))})
+    out, at = [], 0
+    while at < len(input_ids):
+        index = next((rows[key] for n in lengths if (key := input_ids[at : at + n].tobytes()) in rows), None)
+        if index is None:
+            if (input_ids[at:] == input_ids[-1]).all():  # padding at the end
+                break
+            raise ValueError(f"tokens from {at} on are not a row of {dataset.files[0]}...")
+        for n in dataset[index]["seq_lens"].tolist():
+            out.append((at, n))
+            at += n
+    return out
+
+
 def _is_trainer(obj) -> bool:
     return hasattr(obj, "data_collator") and hasattr(obj, "train_dataset") and hasattr(obj, "model")
 
