@@ -135,7 +135,8 @@ def test_check_pipeline_names_a_kv_cache(folders, tokenizer):
 
 
 def sft_trainer(folders, tokenizer, layout="trl", **config):
-    trl = pytest.importorskip("trl")
+    import trl  # the test extra installs it: CI runs the TRL recipe
+
     args = trl.SFTConfig(**{**common_args(folders["root"], f"trl-{layout}"), **config})
     return trl.SFTTrainer(model=tiny_llama(tokenizer), args=args, processing_class=tokenizer,
                           train_dataset=datasets.load_dataset(str(folders[layout]), split="train"))
