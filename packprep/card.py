@@ -144,8 +144,8 @@ def render_card(manifest: dict) -> str:
     total_bytes = sum(shard["bytes"] for shard in manifest["shards"])
     arrow_bytes = _arrow_bytes(manifest)
     template_hash = (tok.get("chat_template_sha256") or "none")[:16]
-    header = f"""---
-configs:
+    # a layout of other files (e.g. .npy) is no table the Hub's loader reads: no configs, no features
+    loadable = "" if layout.writes == FILES else f"""configs:
 - config_name: default
   data_files:
   - split: train
@@ -159,7 +159,9 @@ dataset_info:
     num_examples: {manifest['rows']}
   download_size: {total_bytes}
   dataset_size: {arrow_bytes}
-task_categories:
+"""
+    header = f"""---
+{loadable}task_categories:
 - text-generation
 size_categories:
 - {_size_category(manifest['rows'])}
