@@ -155,6 +155,7 @@ def test_trl_recipe(folders, tokenizer):
     ("trl", {}, "all-ones attention_mask"),  # SFTConfig's defaults
     ("packprep", {"padding_free": True, "max_length": None}, "recomputed"),  # no seq_lengths column
     ("trl", {"max_length": 100}, "truncation"),  # TRL's max_length below the rows' length
+    ("trl", {"packing": True, "max_length": 1024}, "recomputed"),  # TRL re-packs: each row becomes one sequence
 ])
 def test_trl_defaults_are_caught(folders, tokenizer, layout, config, cause):
     trainer = sft_trainer(folders, tokenizer, layout, **config)

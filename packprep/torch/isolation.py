@@ -220,8 +220,9 @@ def _pick(dataset, trainer, max_rows: int):
     for i in range(min(len(prepared), max_rows)):
         ids = np.asarray(prepared[i]["input_ids"], dtype=rows[0].dtype)
         index = whole.get(ids.tobytes())
-        if index is None:  # a row the trainer cut: the row it is the start of
-            index = next((k for k, row in enumerate(rows) if len(row) > len(ids) and np.array_equal(row[: len(ids)], ids)), None)
+        if index is None:  # a row the trainer cut (the row it starts), or joined to others (the row it starts with)
+            index = next((k for k, row in enumerate(rows)
+                          if np.array_equal(row[: len(ids)], ids[: len(row)])), None)
         if index is not None and len(dataset[index]["seq_lens"]) >= 2:
             return index, i
     raise ValueError("none of the trainer's first rows is a packed row of the given folder with two sequences: "
