@@ -139,6 +139,9 @@ def test_verify_refuses_a_layout_it_cannot_read(packed, tmp_path, monkeypatch):
     report = packprep.verify(tmp_path / "padded")
     assert [f.check for f in report.failures] == ["layout"]
     assert "padded-test" in report.failures[0].message and "exported from" in report.failures[0].message
+    shard = tmp_path / "padded" / json.loads((tmp_path / "padded" / "packprep.json").read_text())["shards"][0]["path"]
+    shard.write_bytes(shard.read_bytes() + b"x")  # its files are still checked
+    assert [f.check for f in packprep.verify(tmp_path / "padded").failures] == ["layout", "shard_file"]
     with pytest.raises(L.LayoutError):
         export(tmp_path / "padded", "trl", tmp_path / "again")
 
