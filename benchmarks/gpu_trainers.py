@@ -148,7 +148,7 @@ def main() -> None:
         export(folders["packprep"], "trl", folders["trl"])
     common = dict(per_device_train_batch_size=args.rows_per_step, max_steps=args.steps, learning_rate=1e-5,
                   logging_steps=max(1, args.steps // 5), report_to=[], save_strategy="no", use_cpu=not cuda,
-                  dataloader_num_workers=2 if cuda else 0, seed=0)
+                  dataloader_num_workers=0, seed=0)  # collate in this process: CountingCollator sees every batch
     results = {"device": torch.cuda.get_device_name() if cuda else "cpu", "dtype": str(dtype), "attention": attn,
                "model_shape": args.model_shape, "max_len": args.max_len, "torch": torch.__version__,
                "transformers": transformers.__version__}

@@ -19,8 +19,8 @@ CUDA only) or flash_attention_2 (needs the flash-attn package).
 The loss is normalised per supervised token over each optimizer step: with --grad-accum K,
 every micro-batch's summed token loss is divided by the number of supervised tokens of all K
 micro-batches (num_supervised_tokens from the collator), so short and long micro-batches weigh
-what their tokens weigh.  packprep.torch.check_isolation runs before training and stops the
-run if packed sequences would see each other.
+what their tokens weigh.  packprep.torch.check_isolation and check_pipeline run before training
+and stop the run if packed sequences would see each other.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from packprep.torch import (  # noqa: E402
     PackedDataset,
     check_isolation,
+    check_pipeline,
     collate_packed,
     collate_padded,
     register_varlen_attention,
@@ -142,7 +143,8 @@ def main(argv=None):
     # Refuse to train if packed sequences can see each other, both with the model as configured
     # and with the exact batches the collator builds.
     check_isolation(model)
-    check_isolation(model, via_collator=True)
+    if args.mode == "packed" and os.path.isdir(args.data):
+        check_pipeline(collate_packed, model, args.data)  # a real packed row through this loop's collator
     print(f"check_isolation: packed sequences are isolated ({model.config._attn_implementation})")
 
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
