@@ -4,7 +4,9 @@ Cheap: reads the shards one row group at a time and converts them with the layou
 (``packprep.layout``); nothing is re-tokenized or re-packed. Written like ``pack`` writes: into a
 hidden sibling folder renamed into place at the end, never over an existing folder without
 ``overwrite``. The new folder's manifest says its layout and where it came from, and its dataset
-card carries that layout's recipe. ``pack --layout NAME`` is pack, then this.
+card carries that layout's recipe. The source is verified first: a stack's own format (padded rows,
+``.npy`` files) cannot be read back by ``verify``, which then only checks its files' hashes.
+``pack --layout NAME`` is pack, then this.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ def export(folder: str | os.PathLike, to: str, output: str | os.PathLike, *, ove
     """Write the rows of the packed ``folder`` in layout ``to`` at ``output``; return the new manifest."""
     from .verify import read_manifest
 
+    from .errors import VerifyError
+    from .verify import verify
+
     layout = get_layout(to)
     source = Path(folder).absolute()
     manifest = read_manifest(source)
@@ -32,6 +37,10 @@ def export(folder: str | os.PathLike, to: str, output: str | os.PathLike, *, ove
     target = OutputFolder(output, overwrite)
     if target.final == source or source in target.final.parents:
         raise ConfigError(f"{output} is {folder} or inside it; choose another output folder")
+    target.check()
+    report = verify(source)  # a stack's own format cannot be verified afterwards: its source is, now
+    if not report.ok:
+        raise VerifyError(f"{folder} fails verification, so it is not exported: {report.failures[0]}")
     with target.staging() as tmp:
         exported = export_into(source, manifest, tmp, layout)
         exported["exported_from"] = {"path": str(source), "layout": manifest.get("layout", "packprep")}

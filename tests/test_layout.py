@@ -162,3 +162,17 @@ def test_every_recipe_starts_with_the_guard_and_is_in_the_readme():
         for block in blocks:
             assert block in readme, f"{layout.name}: recipe block missing from README.md"
         assert f"`{layout.name}`" in readme
+
+
+def test_export_refuses_a_source_that_fails_verify(packed, tmp_path):
+    import shutil
+
+    from packprep.errors import VerifyError
+
+    source = tmp_path / "source"
+    shutil.copytree(packed, source)
+    shard = next((source / "data").glob("*.parquet"))
+    shard.write_bytes(shard.read_bytes() + b"x")
+    with pytest.raises(VerifyError, match="not exported.*sha256"):
+        export(source, "trl", tmp_path / "out")
+    assert not (tmp_path / "out").exists()

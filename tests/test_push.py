@@ -301,3 +301,22 @@ def test_card_length_histogram(packed):
     assert manifest["length_histograms"] == hist  # pack records them
     plain = render_card({k: v for k, v in manifest.items() if k != "length_histograms"})  # still renders
     assert "## Lengths" in plain and "longest row" in plain
+
+
+def test_a_stack_layout_is_pushed_with_its_files_checked(packed, hub, tmp_path, monkeypatch):
+    """A folder exported to a stack's own format (rows verify cannot read back) is pushed, its
+    files checked against its manifest; a changed file is still refused."""
+    from packprep import layout as L
+    from packprep.export import export
+
+    padded = L.Layout("padded-test", "a test stack", L.TABLE, "recipe",
+                      convert=lambda table, context: table.drop_columns(["seq_lens"]))
+    monkeypatch.setitem(L.LAYOUTS, padded.name, padded)
+    folder = tmp_path / "padded"
+    export(packed, "padded-test", folder)
+    push(folder, "alice/padded", token=TOKEN)
+    assert hub.files("alice/padded")["packprep.json"] == (folder / "packprep.json").read_bytes()
+    shard = next((folder / "data").glob("*.parquet"))
+    shard.write_bytes(shard.read_bytes() + b"x")
+    with pytest.raises(VerifyError, match="sha256"):
+        push(folder, "alice/padded", token=TOKEN)
