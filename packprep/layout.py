@@ -16,7 +16,8 @@ How to add a layout: append ONE ``Layout(...)`` to ``LAYOUTS`` below (or call ``
 * ``renames`` (canonical column -> this stack's name) when renaming is all it takes: such a layout
   stays readable by verify/stats/inspect; or ``convert(table, context) -> pa.Table`` for anything
   more (padding, masks, extra columns): canonical ``pa.Table`` rows in, that stack's columns out,
-  one row group at a time;
+  one row group at a time (also called on an empty table, for the schema); ``list_column`` gives
+  a column's flat values and offsets as numpy, ``LayoutContext`` the row length and manifest;
 * ``recipe``: the few lines of that stack's settings (markdown, first line the
   ``packprep.torch.check_pipeline`` guard: ``_guard(...)``), shown in the output's dataset card;
   its fenced code blocks must appear verbatim in the README (a test checks);
@@ -212,6 +213,14 @@ class ShardReader:
 
     def row(self, index: int) -> dict:
         """Row ``index`` as a dict of Python lists, reading only the row group holding it."""
+        if self.is_parquet:  # the row group's row counts are in the footer: read that group only
+            parquet = self._parquet()
+            for group in range(parquet.num_row_groups):
+                rows = parquet.metadata.row_group(group).num_rows
+                if index < rows:
+                    return self._canonical(parquet.read_row_group(group)).slice(index, 1).to_pylist()[0]
+                index -= rows
+            raise IndexError(f"{self.path} holds fewer rows")
         for table in self.tables():
             if index < table.num_rows:
                 return table.slice(index, 1).to_pylist()[0]
