@@ -161,3 +161,18 @@ def test_trl_defaults_are_caught(folders, tokenizer, layout, config, cause):
     trainer = sft_trainer(folders, tokenizer, layout, **config)
     with pytest.raises(PackingIsolationError, match=cause):
         check_pipeline(trainer, data=folders[layout])
+
+
+def test_check_pipeline_on_rows_of_one_sequence(folders, tokenizer):
+    """--strategy pad: nothing to mix, but truncation and labels are still checked on a real row."""
+    folder = folders["root"] / "pad"
+    packprep.pack(str(EXAMPLE_CHATS), str(folder), str(EXAMPLE_TOKENIZER), max_len=MAX_LEN, num_proc=1,
+                  strategy="pad")
+    model = tiny_llama(tokenizer)
+    assert check_pipeline(collate_packed, model, folder)["sequences"] == 1
+
+    def cut(rows):
+        return collate_packed([{k: v[:10] if k != "seq_lens" else [10] for k, v in row.items()} for row in rows])
+
+    with pytest.raises(PackingIsolationError, match="truncation"):
+        check_pipeline(cut, model, folder)

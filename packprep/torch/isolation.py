@@ -206,27 +206,34 @@ def _stored_row(readers, dataset, index: int) -> dict:
     return readers[k].row(index - int(dataset._starts[k]))
 
 
-def _pick(dataset, trainer, max_rows: int):
-    """(truth row, the example the pipeline is fed, the trainer's dropped columns): a row of >= 2 sequences."""
+def _pick(dataset, trainer, max_rows: int) -> tuple[int, int]:
+    """(index of the truth row in ``dataset``, index of what the pipeline is fed): a row of two or
+    more sequences when there is one among the first ``max_rows`` (else a row of one: truncation,
+    labels and the attention path are still checked)."""
     if trainer is None:
-        for index in range(min(len(dataset), max_rows)):
-            row = dataset[index]
-            if len(row["seq_lens"]) >= 2:
-                return index, row
-        raise ValueError(f"no row among the first {max_rows} of {dataset.files[0]}... holds two packed sequences")
+        found = [i for i in range(min(len(dataset), max_rows)) if len(dataset[i]["seq_lens"]) >= 2]
+        return (found or [0])[0], (found or [0])[0]
     prepared = trainer.train_dataset
+    if not hasattr(prepared, "select"):
+        raise TypeError("check_pipeline(trainer) needs a map-style train_dataset; for a streaming one, pass "
+                        "check_pipeline(trainer.data_collator, trainer.model, data)")
     rows = [dataset[index]["input_ids"] for index in range(min(len(dataset), max_rows * 4))]
     whole = {row.tobytes(): index for index, row in enumerate(rows)}
+    matches = []
     for i in range(min(len(prepared), max_rows)):
         ids = np.asarray(prepared[i]["input_ids"], dtype=rows[0].dtype)
         index = whole.get(ids.tobytes())
         if index is None:  # a row the trainer cut (the row it starts), or joined to others (the row it starts with)
             index = next((k for k, row in enumerate(rows)
                           if np.array_equal(row[: len(ids)], ids[: len(row)])), None)
-        if index is not None and len(dataset[index]["seq_lens"]) >= 2:
-            return index, i
-    raise ValueError("none of the trainer's first rows is a packed row of the given folder with two sequences: "
-                     "pass the folder the trainer's train_dataset was loaded from")
+        if index is not None:
+            if len(dataset[index]["seq_lens"]) >= 2:
+                return index, i
+            matches.append((index, i))
+    if matches:
+        return matches[0]
+    raise ValueError("none of the trainer's first rows is a row of the given folder: pass the folder the "
+                     "trainer's train_dataset was loaded from")
 
 
 def check_pipeline(pipeline, model=None, data: str | os.PathLike | None = None, *, atol: float | None = None,
