@@ -176,3 +176,13 @@ def test_export_refuses_a_source_that_fails_verify(packed, tmp_path):
     with pytest.raises(VerifyError, match="not exported.*sha256"):
         export(source, "trl", tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_pack_cli_takes_a_layout(tmp_path):
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["pack", str(EXAMPLE_CHATS), "-t", str(EXAMPLE_TOKENIZER), "--max-len", "256",
+                                       "-o", str(out), "--layout", "hf", "--num-proc", "1", "-q"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "packprep.json").read_text())["layout"] == "hf"
+    assert "data_collator=collate_packed" in (out / "README.md").read_text()
+    assert "--layout" in CliRunner().invoke(main, ["pack", "--help"]).output
