@@ -136,7 +136,8 @@ def pack(
         segments = _segments(bins, store)
         with _Progress(progress, segments.offsets.size - 1, "write", "rows") as bar:
             shards = write_shards(
-                tmp, store, segments, config.max_len, config.shard_format, parse_size(config.shard_size), bar
+                tmp, store, segments, config.max_len, config.shard_format, parse_size(config.shard_size), bar,
+                num_proc,
             )
         shutil.rmtree(store.cache_dir)
         manifest = _manifest(config, sources, formats, tok, tokenizer, ledger, store, segments, shards,

@@ -12,7 +12,8 @@ import hashlib
 import os
 import re
 import shutil
-from concurrent.futures import ThreadPoolExecutor
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -148,39 +149,76 @@ def write_shards(
     shard_format: str = "parquet",
     shard_bytes: int = 500_000_000,
     progress=None,
+    num_proc: int = 1,
 ) -> list[dict]:
-    """Write all rows of ``segments`` as shards under ``folder/data``; return their manifest entries."""
+    """Write all rows of ``segments`` as shards under ``folder/data``; return their manifest entries.
+
+    With ``num_proc`` > 1 the shards are written by that many forked processes, one shard each at
+    a time; every shard is written the same way whoever writes it, so the bytes do not depend on
+    ``num_proc``. Memory: each writer holds about two row groups (``ROW_GROUP_TOKENS`` tokens).
+    """
     row_lengths = segments.row_lengths()
-    row_sequences = np.diff(segments.offsets)
-    plan = plan_shards(row_lengths, row_sequences, shard_bytes)
-    rows_per_group = max(1, ROW_GROUP_TOKENS // max(1, max_len))
-    entries = []
-    for index, (first, last) in enumerate(plan):
-        name = shard_name(index, len(plan), shard_format)
-        path = folder / name
+    plan = plan_shards(row_lengths, np.diff(segments.offsets), shard_bytes)
+    job = _ShardJob(folder, store, segments, row_lengths, max_len, shard_format, len(plan))
+    writers = min(num_proc, len(plan))
+    if writers <= 1:
+        entries = [job.write(index, first, last, progress) for index, (first, last) in enumerate(plan)]
+    else:
+        global _JOB
+        _JOB = job  # forked writers inherit the job: the token store and piece list are not pickled
+        try:
+            with ProcessPoolExecutor(writers, multiprocessing.get_context("fork")) as pool:
+                futures = [pool.submit(_write_in_worker, index, first, last) for index, (first, last) in enumerate(plan)]
+                entries = []
+                for future, (first, last) in zip(futures, plan):
+                    entries.append(future.result())
+                    if progress is not None:
+                        progress.update(last - first, int(row_lengths[first:last].sum()))
+        finally:
+            _JOB = None
+    if shard_format == "arrow":
+        _write_arrow_dataset_state(folder / "data", entries)
+    return entries
+
+
+class _ShardJob:
+    """What writing one shard needs; shared by the writing processes."""
+
+    def __init__(self, folder, store, segments, row_lengths, max_len, shard_format, count):
+        self.folder, self.store, self.segments, self.row_lengths = folder, store, segments, row_lengths
+        self.rows_per_group = max(1, ROW_GROUP_TOKENS // max(1, max_len))
+        self.shard_format, self.count = shard_format, count
+
+    def write(self, index: int, first: int, last: int, progress=None) -> dict:
+        """Write rows ``[first, last)`` as shard ``index``; return its manifest entry."""
+        name = shard_name(index, self.count, self.shard_format)
+        path = self.folder / name
         supervised = 0
-        groups = [(lo, min(last, lo + rows_per_group)) for lo in range(first, last, rows_per_group)]
-        with _shard_writer(path, shard_format) as write, ThreadPoolExecutor(1) as ahead:
+        step = self.rows_per_group
+        groups = [(lo, min(last, lo + step)) for lo in range(first, last, step)]
+        with _shard_writer(path, self.shard_format) as write, ThreadPoolExecutor(1) as ahead:
             # the next row group is gathered while this one is compressed (both release the GIL)
-            tables = _prefetched(ahead, lambda lo, hi: materialize(store, segments.select(lo, hi)), groups)
+            tables = _prefetched(ahead, lambda lo, hi: materialize(self.store, self.segments.select(lo, hi)), groups)
             for (lo, hi), table in zip(groups, tables):
                 supervised += pc.sum(pc.not_equal(pc.list_flatten(table.column("labels")), -100)).as_py() or 0
                 write(table)
                 if progress is not None:
-                    progress.update(hi - lo, int(row_lengths[lo:hi].sum()))
-        entries.append(
-            {
-                "path": name,
-                "rows": last - first,
-                "tokens": int(row_lengths[first:last].sum()),
-                "supervised_tokens": supervised,
-                "bytes": path.stat().st_size,
-                "sha256": file_sha256(path),
-            }
-        )
-    if shard_format == "arrow":
-        _write_arrow_dataset_state(folder / "data", entries)
-    return entries
+                    progress.update(hi - lo, int(self.row_lengths[lo:hi].sum()))
+        return {
+            "path": name,
+            "rows": last - first,
+            "tokens": int(self.row_lengths[first:last].sum()),
+            "supervised_tokens": supervised,
+            "bytes": path.stat().st_size,
+            "sha256": file_sha256(path),
+        }
+
+
+_JOB: _ShardJob | None = None
+
+
+def _write_in_worker(index: int, first: int, last: int) -> dict:
+    return _JOB.write(index, first, last)
 
 
 def _prefetched(pool, fn, calls):

@@ -134,6 +134,18 @@ def test_num_proc_does_not_change_the_output(tmp_path):
     assert (tmp_path / "one" / "rejects.jsonl").read_bytes() == (tmp_path / "two" / "rejects.jsonl").read_bytes()
 
 
+@pytest.mark.parametrize("shard_format", ["parquet", "arrow"])
+def test_shards_written_by_parallel_writers_are_the_same_bytes(tmp_path, shard_format):
+    outputs = [
+        packprep.pack(str(EXAMPLE_CHATS), tmp_path / f"out{n}", TOKENIZER, max_len=512, shard_size="40KB",
+                      shard_format=shard_format, num_proc=n)
+        for n in (1, 3)
+    ]
+    assert len(outputs[0]["shards"]) > 3
+    assert outputs[0]["shards"] == outputs[1]["shards"]  # names, counts, sizes and sha256s
+    assert packprep.verify(tmp_path / "out3").ok
+
+
 @pytest.mark.parametrize("overlong", ["truncate", "drop", "split"])
 def test_overlong_policies_account_for_every_record(tmp_path, overlong):
     manifest = packprep.pack(str(EXAMPLE_CHATS), tmp_path / "out", TOKENIZER, max_len=96, overlong=overlong,
