@@ -7,12 +7,14 @@
 For each size it writes N synthetic ShareGPT conversations (multi-turn, lognormal turn lengths,
 Zipf-distributed words; generated with numpy in seconds) to a temporary folder, then runs
 
-    /usr/bin/time -v python benchmarks/bench_scale.py _timed pack DATA.jsonl -t TOK -o OUT -q ...
+    python benchmarks/bench_scale.py _timed pack DATA.jsonl -t TOK -o OUT -q ...
 
 for every ``--num-proc``: that is ``python -m packprep pack`` with timers wrapped around the
-pipeline's stages (read+tokenize, pack, write, verify; the rest — tokenizer load, format detection,
-input hashing, manifest — is "other"). ``/usr/bin/time -v`` reports the peak RSS of the largest
-single process (the driver); a sampler thread also records the peak of the driver plus its worker
+pipeline's stages (read+tokenize, pack, write, verify; the rest of the wall time — interpreter
+start, imports, tokenizer load, format detection, input hashing, manifest — is "other").
+"start-up" is the time from launching the process to the first record read (imports, tokenizer,
+chat template, output checks), a part of "other". The driver reports its own
+peak RSS (``getrusage``); a sampler thread also records the peak of the driver plus its worker
 processes, counted as PSS (proportional set size) so pages that forked workers share with the
 driver are not counted twice. Results: one Markdown table on stdout (and ``--json``).
 """
@@ -22,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -206,6 +207,19 @@ def timed_main(argv: list[str]) -> None:
     timer(pipeline, "_segments", "pack")
     timer(pipeline, "write_shards", "write")
     timer(verify_module, "verify", "verify")
+    # start-up: from the process's launch (BENCH_LAUNCH, set by run_pack) to the first record read
+    read_module = importlib.import_module("packprep.read")
+    first_read: list[float] = []
+    original_read = read_module.read_records
+
+    def read_records(*args, **kwargs):
+        if not first_read:
+            first_read.append(time.time() - float(os.environ.get("BENCH_LAUNCH", time.time())))
+        return original_read(*args, **kwargs)
+
+    for name, module in list(sys.modules.items()):
+        if name.startswith("packprep") and getattr(module, "read_records", None) is original_read:
+            module.read_records = read_records
     sampler = _Sampler()
     sampler.start()
     start = time.perf_counter()
@@ -219,34 +233,29 @@ def timed_main(argv: list[str]) -> None:
         sampler.join()
         stages["other"] = total - sum(stages.values())
         stages["total"] = total
-        print("BENCH_STAGES " + json.dumps({"stages": stages, "tree_peak_kib": sampler.peak_kib, "peak_after_mib": peak_after}), flush=True)
-
-
-def _time_binary() -> str:
-    if os.path.exists("/usr/bin/time"):
-        return "/usr/bin/time"
-    sys.exit("GNU time is needed: apt-get update && apt-get install -y time")
+        driver_peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        print("BENCH_STAGES " + json.dumps({"stages": stages, "tree_peak_kib": sampler.peak_kib, "peak_after_mib": peak_after,
+                                            "startup_s": first_read[0] if first_read else None,
+                                            "driver_peak_kib": driver_peak_kib}), flush=True)
 
 
 def run_pack(data: Path, tokenizer: str, num_proc: int, max_len: int, workdir: Path, engine: str) -> dict:
     out = workdir / f"packed-{num_proc}-{engine}"
     command = [
-        _time_binary(), "-v", sys.executable, str(Path(__file__).resolve()), "_timed", "pack", str(data),
+        sys.executable, str(Path(__file__).resolve()), "_timed", "pack", str(data),
         "-t", tokenizer, "-o", str(out), "--max-len", str(max_len), "--num-proc", str(num_proc),
         "--engine", engine, "--overwrite", "-q",
     ]
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    launch = time.time()
+    env = dict(os.environ, HF_HUB_OFFLINE="1", BENCH_LAUNCH=repr(launch))
     done = subprocess.run(command, capture_output=True, text=True, env=env)
+    seconds = time.time() - launch
     if done.returncode != 0:
         raise RuntimeError(f"pack failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     marker = next(line for line in done.stdout.splitlines() if line.startswith("BENCH_STAGES "))
     result = json.loads(marker[len("BENCH_STAGES "):])
-    rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr)
-    wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([\d:.]+)", done.stderr)
     manifest = json.loads((out / "packprep.json").read_text())
     shutil.rmtree(out)
-    parts = [float(p) for p in wall.group(1).split(":")]
-    seconds = sum(p * 60 ** i for i, p in enumerate(reversed(parts)))
     tokens = manifest["tokens"]["total"]
     return {
         "num_proc": num_proc,
@@ -259,7 +268,8 @@ def run_pack(data: Path, tokenizer: str, num_proc: int, max_len: int, workdir: P
         "records": manifest["counts"]["records"],
         "tokens_per_s": tokens / seconds,
         "tokenize_tokens_per_s": tokens / result["stages"]["read+tokenize"],
-        "max_rss_mib": int(rss.group(1)) / 1024,
+        "startup_s": result.get("startup_s"),
+        "max_rss_mib": result["driver_peak_kib"] / 1024,
         "tree_peak_mib": result["tree_peak_kib"] / 1024,
         "driver_peak_after_stage_mib": result.get("peak_after_mib", {}),
     }
@@ -309,19 +319,26 @@ def main() -> None:
 
 
 def table(results: list[dict]) -> str:
+    """One row a run; each stage as seconds and its share of the wall time."""
     lines = [
-        "| conversations | input | tokenizer | --num-proc | read+tokenize | pack | write | verify | other | "
-        "total wall | tokens | tokens/s (end to end) | peak RSS driver | peak PSS driver+workers |",
-        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| conversations | input | tokenizer | engine | --num-proc | start-up | read+tokenize | pack | write | verify | "
+        "other | total wall | tokens | tokens/s (end to end) | peak RSS driver | peak PSS driver+workers |",
+        "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
-        s = r["stages_s"]
+        s, wall = dict(r["stages_s"]), r["wall_s"]
+        # "other" is everything else of the wall time, interpreter start and imports included
+        s["other"] = wall - sum(s.get(name, 0) for name in ("read+tokenize", "pack", "write", "verify"))
+
+        def stage(name):
+            return f"{s.get(name, 0):.1f} s ({100 * s.get(name, 0) / wall:.0f}%)"
+
+        startup = f"{r['startup_s']:.2f} s" if r.get("startup_s") is not None else "-"
         lines.append(
-            f"| {r['n']:,} | {r['input_mb']:,.0f} MB | {r['tokenizer']} | {r['num_proc']} | "
-            f"{s.get('read+tokenize', 0):.1f} s | {s.get('pack', 0):.1f} s | {s.get('write', 0):.1f} s | "
-            f"{s.get('verify', 0):.1f} s | {s.get('other', 0):.1f} s | {r['wall_s']:.1f} s | "
-            f"{r['tokens'] / 1e6:,.1f} M | {r['tokens_per_s'] / 1e3:,.0f} k | {r['max_rss_mib']:,.0f} MiB | "
-            f"{r['tree_peak_mib']:,.0f} MiB |"
+            f"| {r['n']:,} | {r['input_mb']:,.0f} MB | {r['tokenizer']} | {r['engine']} | {r['num_proc']} | {startup} | "
+            f"{stage('read+tokenize')} | {stage('pack')} | {stage('write')} | {stage('verify')} | {stage('other')} | "
+            f"{wall:.1f} s | {r['tokens'] / 1e6:,.1f} M | {r['tokens_per_s'] / 1e6:,.2f} M | "
+            f"{r['max_rss_mib']:,.0f} MiB | {r['tree_peak_mib']:,.0f} MiB |"
         )
     return "\n".join(lines)
 
