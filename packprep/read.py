@@ -8,10 +8,12 @@ error (the rest of the file is still usable); a file that cannot be parsed at al
 
 from __future__ import annotations
 
+import glob
 import gzip
 import hashlib
 import io
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -41,41 +43,93 @@ class Record:
 
 @dataclass
 class Source:
-    """An input as the manifest describes it."""
+    """An input as the manifest describes it: ``named`` is what the user typed (a file, folder,
+    pattern or Hub id), ``path`` the file read."""
 
     path: str
     kind: str
     records: int = 0
+    named: str | None = None
+
+
+GLOB_CHARACTERS = "*?["
+HUB_TIMEOUT = 5.0  # seconds for the one request that checks a Hub id before any work
 
 
 def resolve_inputs(inputs: list[str]) -> list[Source]:
-    """Check every input exists before work starts, and decide how to read it."""
+    """Check every input exists before work starts, and decide how to read it.
+
+    A pattern (``'data/*.jsonl'``, quoted so that the shell left it alone) is expanded here.
+    """
     if not inputs:
         raise ConfigError("no input given: pass one or more files, folders or Hub dataset ids")
     sources = []
     for spec in inputs:
-        path = Path(spec)
-        if path.is_dir():
-            if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
-                sources.append(Source(str(path), "saved_dataset"))
-            else:
-                files = sorted(p for p in path.rglob("*") if p.is_file() and _kind(p.name))
-                if not files:
-                    raise ConfigError(f"{spec}: folder holds no .json/.jsonl/.parquet/.arrow file")
-                sources.extend(Source(str(p), _kind(p.name)) for p in files)
-        elif path.is_file():
-            kind = _kind(path.name)
-            if kind is None:
-                raise ConfigError(
-                    f"{spec}: unknown file type; use .json, .jsonl (optionally .gz/.zst), "
-                    ".parquet or .arrow"
-                )
-            sources.append(Source(str(path), kind))
-        elif _looks_like_hub_id(spec) and _kind(path.name) is None:
-            sources.append(Source(spec, "hub"))
+        if not Path(spec).exists() and any(c in spec for c in GLOB_CHARACTERS):
+            matches = sorted(glob.glob(os.path.expanduser(spec), recursive=True))
+            if not matches:
+                raise ConfigError(f"{spec}: no file matches this pattern")
+            found = resolve_inputs(matches)
         else:
-            raise ConfigError(f"{spec}: no such file or folder")
+            found = _resolve(spec)
+        sources.extend(Source(s.path, s.kind, named=spec) for s in found)
     return sources
+
+
+def _resolve(spec: str) -> list[Source]:
+    sources = []
+    path = Path(spec)
+    if path.is_dir():
+        if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
+            sources.append(Source(str(path), "saved_dataset"))
+        else:
+            files = sorted(p for p in path.rglob("*") if p.is_file() and _kind(p.name))
+            if not files:
+                raise ConfigError(f"{spec}: folder holds no .json/.jsonl/.parquet/.arrow file")
+            sources.extend(Source(str(p), _kind(p.name)) for p in files)
+    elif path.is_file():
+        kind = _kind(path.name)
+        if kind is None:
+            raise ConfigError(
+                f"{spec}: unknown file type; use .json, .jsonl (optionally .gz/.zst), "
+                ".parquet or .arrow"
+            )
+        sources.append(Source(str(path), kind))
+    elif _looks_like_hub_id(spec) and _kind(path.name) is None:
+        check_hub(spec, "dataset")
+        sources.append(Source(spec, "hub"))
+    else:
+        raise ConfigError(f"{spec}: no such file or folder")
+    return sources
+
+
+def check_hub(repo_id: str, repo_type: str) -> None:
+    """Fail at once, in one line, when ``repo_id`` (not a local path) cannot come from the Hub.
+
+    One request with a short timeout and no retries; with ``HF_HUB_OFFLINE`` set, only the local
+    cache is asked. (The loaders' own retries take 30-50 s and print every attempt.)
+    """
+    from huggingface_hub import HfApi, constants, errors
+
+    what = "dataset" if repo_type == "dataset" else "tokenizer"
+    if constants.HF_HUB_OFFLINE:
+        cached = Path(constants.HF_HUB_CACHE) / f"{repo_type}s--{repo_id.replace('/', '--')}"
+        if not cached.is_dir():
+            raise InputError(f"{repo_id}: no such local file or folder, and HF_HUB_OFFLINE is set, so the Hub "
+                             f"{what} of that name cannot be downloaded (it is not in the local cache)")
+        return
+    api = HfApi()
+    try:
+        (api.dataset_info if repo_type == "dataset" else api.model_info)(repo_id, timeout=HUB_TIMEOUT)
+    except errors.RepositoryNotFoundError:
+        raise InputError(f"{repo_id}: no such local file or folder, nor a Hub {what} repo of that name") from None
+    except (errors.GatedRepoError, errors.HfHubHTTPError) as exc:
+        raise InputError(f"{repo_id}: no such local file or folder; the Hub refused it: "
+                         f"{str(exc).strip().splitlines()[0]}") from None
+    except Exception as exc:  # no network, DNS failure, timeout: whatever the HTTP client raises
+        raise InputError(f"{repo_id}: no such local file or folder, and the Hub ({constants.ENDPOINT}) cannot be "
+                         f"reached ({type(exc).__name__}). Pass a local path, or set HF_HUB_OFFLINE=1 to use a "
+                         "copy in the local cache") from None
 
 
 def _kind(name: str) -> str | None:
@@ -236,6 +290,9 @@ LONE_SURROGATE = "a string holds an unpaired UTF-16 surrogate escape (such as \\
 
 def _read_jsonl(path: str) -> Iterator[Record]:
     _check_text(path)
+    if _first_character(path) == "[":  # a JSON array saved as .jsonl: read it as the array it is
+        yield from _read_json(path)
+        return
     index = 0
     line_no = 0
     offset = 0  # bytes of (decompressed) text read so far
@@ -272,6 +329,14 @@ def _read_jsonl(path: str) -> Iterator[Record]:
         ) from exc
 
 
+def _first_character(path: str) -> str:
+    try:
+        with _open_text(path) as handle:
+            return handle.read(4096).lstrip()[:1]
+    except (OSError, EOFError, UnicodeDecodeError):
+        return ""  # the reader reports it, with the line where it stopped
+
+
 def _read_json(path: str) -> Iterator[Record]:
     _check_text(path)
     try:
@@ -291,13 +356,18 @@ def _read_json(path: str) -> Iterator[Record]:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         hint = ""
+        message = exc.msg
+        if message.startswith("Unterminated string"):  # json says "... starting at" and leaves the place out
+            message = "a string that starts here is never closed"
+        size = len(text.encode("utf-8", "surrogateescape"))
         if exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated string"):  # both: EOF reached
-            hint = " (the file ends early: was it cut off?)"
+            hint = f" (the file ends early, at byte {size:,}: was it cut off? The records before it are complete)"
         elif text.lstrip().startswith("{") and "\n{" in text:
             hint = " (one JSON object per line? name the file .jsonl)"
+        byte = len(text[: exc.pos].encode("utf-8", "surrogateescape"))
         raise InputError(
             f"{path}: not valid JSON at line {exc.lineno}, column {exc.colno} "
-            f"(character {exc.pos}): {exc.msg}{hint}"
+            f"(character {exc.pos}, byte {byte:,}): {message}{hint}"
         ) from exc
     except (ValueError, RecursionError) as exc:
         raise InputError(f"{path}: cannot decode: {_decode_error(exc)}") from exc

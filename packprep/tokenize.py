@@ -11,11 +11,12 @@ import os
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
-from .errors import ConfigError
+from .errors import ConfigError, PackprepError
 from .normalize import Conversation, Rejected
 from .render import ChatTemplate, Rendered, render_conversation
 
@@ -38,15 +39,30 @@ def load_tokenizer(name_or_path: str, *, transformers: bool = False):
     A folder whose tokenizer.json says everything is read without importing transformers (seconds
     faster to start, see tokenizer_folder.py); ``transformers=True`` always loads it with
     transformers, as the independent checks (``verify --retokenize``, the reference tests) do.
+    A name that is not a folder here is a Hub id only if it looks like one (``org/name``); either
+    way, it is checked at once (read.check_hub) rather than through the loader's retries.
     """
     from .tokenizer_folder import FolderTokenizer, loadable
 
     if not transformers and loadable(name_or_path):
         return FolderTokenizer(name_or_path)
+    from .read import _looks_like_hub_id, check_hub
+
+    path = Path(os.path.expanduser(name_or_path))
+    if path.is_file():
+        raise ConfigError(f"tokenizer {name_or_path!r} is a file; pass the folder that holds tokenizer.json "
+                          "and tokenizer_config.json")
+    if not path.is_dir():
+        if not _looks_like_hub_id(name_or_path):
+            raise ConfigError(f"tokenizer {name_or_path!r}: no such folder")
+        try:
+            check_hub(name_or_path, "model")
+        except PackprepError as exc:
+            raise ConfigError(f"tokenizer {str(exc).replace('no such local file or folder', 'no such folder')}") from None
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(name_or_path)
+        return AutoTokenizer.from_pretrained(str(path) if path.is_dir() else name_or_path)
     except Exception as exc:
         raise ConfigError(
             f"cannot load tokenizer {name_or_path!r}: {exc}. Pass a folder holding tokenizer.json "
@@ -230,7 +246,8 @@ def tokenizer_fingerprint(tokenizer, name_or_path: str) -> dict:
         files_hash.update(json.dumps(tokenizer.backend_tokenizer.to_str()).encode())
     template = ChatTemplate(tokenizer).source or ""
     return {
-        "name_or_path": name_or_path,
+        "name_or_path": name_or_path,  # as the user named it
+        "kind": "folder" if os.path.isdir(name_or_path) else "hub",
         "class": type(tokenizer).__name__,
         "vocab_size": len(tokenizer),
         "eos_token": tokenizer.eos_token,
