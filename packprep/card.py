@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from .layout import COLUMNS, FILES, LayoutContext, get_layout
+from .normalize import changes_text
 
 # Values the Hub accepts for ``size_categories``: (upper bound of rows, label).
 SIZE_CATEGORIES = [
@@ -197,7 +198,8 @@ than the lower bound ceil(tokens / max_len).
 | chat template sha256 | `{template_hash}` |
 
 Records: {counts['records']:,} read, {counts['packed']:,} packed whole, {counts['truncated']:,} truncated,
-{counts['split']:,} split, {counts['rejected']:,} rejected ({reasons}; see `rejects.jsonl`). Inputs:
+{counts['split']:,} split, {counts['rejected']:,} rejected ({reasons}; see `rejects.jsonl`).
+Normalizing, {changes_text(counts.get('normalized') or {}, counts.get('turns_not_located', 0))}. Inputs:
 
 {_inputs_text(manifest)}
 

@@ -14,7 +14,7 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 from . import __version__
 from .errors import EXIT_CODES_HELP, EXIT_INTERNAL, PackprepError
 from .layout import DEFAULT_LAYOUT, layout_names
-from .normalize import FORMATS
+from .normalize import CONSECUTIVE, FORMATS, LEADING, SYSTEM, changes_text
 from .packing import ROW_ORDERS, STRATEGIES
 from .pipeline import ENGINES, ON_ERROR, OVERLONG
 from .tokenize import BACKENDS, TRAIN_ON
@@ -53,13 +53,22 @@ _NUM_PROC = click.option("--num-proc", default=None, type=int, help="Tokenizer p
 
 
 def _record_options(command):
-    """--format, --messages-field and --text-field: how records are read."""
+    """--format, --messages-field, --text-field and the normalizing policies: how records are read."""
+    command = click.option("--system", default="auto", show_default=True, type=click.Choice(SYSTEM),
+                           help="System message: auto folds it into the first user turn only where the chat "
+                           "template renders none (Mistral v0.1); keep; fold.")(command)
+    command = click.option("--consecutive", default="merge", show_default=True, type=click.Choice(CONSECUTIVE),
+                           help="Two user or two assistant turns in a row: merge them (blank line between), "
+                           "keep them for the template, or reject the record.")(command)
+    command = click.option("--leading-assistant", default="drop", show_default=True, type=click.Choice(LEADING),
+                           help="Turns before the first user turn (a chat chunk that starts mid-way): drop them "
+                           "and train the rest (as FastChat does), or reject the record.")(command)
     command = click.option("--text-field", default="text", show_default=True,
                            help="Column holding plain text (--format text).")(command)
     command = click.option("--messages-field", default=None,
                            help="Column holding the messages, if not 'conversations'/'messages'.")(command)
     return click.option("--format", "format_", default=None, type=click.Choice(FORMATS),
-                        help="Record format; detected per file when omitted.")(command)
+                        help="Record format; detected per record when omitted.")(command)
 
 
 @click.group(cls=_Group, epilog=EXIT_CODES_HELP)
@@ -136,13 +145,13 @@ def pack(inputs, tokenizer, output, format_, num_proc, engine, ray_address, push
     manifest = pack_(list(inputs), output, tokenizer, overwrite=overwrite, num_proc=num_proc, engine=engine,
                      ray_address=ray_address, progress=not quiet, format=format_, layout=layout, **settings)
     counts = manifest["counts"]
-    kept = counts["records"] - counts["rejected"]
     click.echo(
-        f"read {counts['records']:,} records, packed {kept:,} into {manifest['rows']:,} rows "
+        f"read {counts['records']:,} records into {manifest['rows']:,} rows "
         f"({manifest['tokens']['total']:,} tokens, efficiency {manifest['efficiency']:.2%}) in {output}\n"
-        f"  whole {counts['packed']:,}, truncated {counts['truncated']:,}, split {counts['split']:,}, "
+        f"  packed whole {counts['packed']:,}, truncated {counts['truncated']:,}, split {counts['split']:,}, "
         f"rejected {counts['rejected']:,}"
         + (f" (see {output}/rejects.jsonl)" if counts["rejected"] else "")
+        + f"\n  {changes_text(counts.get('normalized') or {}, counts.get('turns_not_located', 0))}"
     )
     if push_to:
         from .push import push as push_

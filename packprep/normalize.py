@@ -1,35 +1,72 @@
 """Step 2: turn a raw record of any supported format into one canonical conversation.
 
-Canonical form: a list of ``{"role", "content"}`` messages with roles ``system``, ``user``,
-``assistant`` and ``tool`` (plus optional ``tools`` for templates that render them), or a plain
-text for ``text`` records. Anything that cannot be normalised raises :class:`Rejected` with a
-reason a person can act on; the JSON Schemas in ``schemas/`` explain structural problems.
+Canonical form: a list of messages with roles ``system``, ``user``, ``assistant`` and ``tool``,
+each ``{"role", "content"}``; an assistant message may carry ``tool_calls`` (``[{"type":
+"function", "function": {"name", "arguments": {...}}}]``) and a tool message a ``name`` or
+``tool_call_id``, the shape chat templates render natively. ``tools`` go to the template as
+``[{"type": "function", "function": {...}}]``. A ``text`` record is a plain text. Anything that
+cannot be normalised raises :class:`Rejected` with a reason a person can act on; the JSON Schemas
+in ``schemas/`` explain structural problems.
+
+Real dumps are not shaped the way templates want, so a few small transforms (:class:`Policy`) fit
+each conversation, and each counts what it changed (``Conversation.changes``; the manifest,
+``pack``, ``stats`` and the dataset card show the totals):
+
+``leading_turns_dropped``
+    Turns before the first user turn (after an optional system turn): a chunk of a longer chat that
+    starts mid-way. ``drop`` (default) removes them and trains the rest, as FastChat's trainer
+    does; ``reject`` sets the record aside.
+``turns_merged``
+    A user or assistant turn that follows one of the same role. ``merge`` (default) appends it to
+    the one before, separated by a blank line (an assistant's tool calls are kept, in order);
+    ``keep`` leaves both for templates that allow it; ``reject`` sets the record aside. Tool
+    results are never merged: each answers its own call.
+``system_folded``
+    For a template that renders no system message (Mistral v0.1), the system text is put before
+    the first user message, separated by a blank line (``--system auto``, the default; ``keep``
+    never folds, ``fold`` always does).
+``tool_calls_as_text`` / ``tool_results_as_user``
+    For a template that does not render ``tool_calls`` (plain Llama-3), each call is written into
+    the assistant's content as the JSON ``{"name", "arguments"}``, so that it is still trained;
+    for a template that has no ``tool`` role (Llama-2, Mistral v0.1), tool results become user
+    messages. Decided once per template by :func:`fit_to_template`.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from importlib import resources
-from typing import Any
+from typing import Any, Callable
 
 FORMATS = ("sharegpt", "openai", "alpaca", "text")
 
-SHAREGPT_ROLES = {
+# Every speaker name packprep accepts, in either format (``from`` or ``role``), and its role.
+ROLES = {
+    "system": "system",
     "human": "user",
     "user": "user",
+    "prompter": "user",
     "gpt": "assistant",
     "assistant": "assistant",
     "chatgpt": "assistant",
     "model": "assistant",
-    "system": "system",
-    "function_call": "assistant",
+    "bing": "assistant",
+    "bard": "assistant",
+    "function_call": "assistant",  # a ShareGPT turn whose value is the JSON of a tool call
     "observation": "tool",
     "tool": "tool",
-    "function": "tool",
+    "function": "tool",  # OpenAI's legacy role for a function's result
+    "ipython": "tool",  # Llama-3.1's role for a tool's result
 }
-OPENAI_ROLES = {role: role for role in ("system", "user", "assistant", "tool")}
+TOOL_CALL_SPEAKERS = ("function_call",)
+
+LEADING = ("drop", "reject")
+CONSECUTIVE = ("merge", "keep", "reject")
+SYSTEM = ("auto", "keep", "fold")
+CHANGES = ("leading_turns_dropped", "turns_merged", "system_folded", "tool_calls_as_text", "tool_results_as_user")
 
 
 class Rejected(Exception):
@@ -46,9 +83,10 @@ class Rejected(Exception):
 
 @dataclass
 class Conversation:
-    messages: list[dict[str, str]] | None = None
+    messages: list[dict[str, Any]] | None = None
     tools: list[Any] | None = None
     text: str | None = None
+    changes: dict[str, int] = field(default_factory=dict)  # what the Policy's transforms did (CHANGES)
 
 
 @dataclass(frozen=True)
@@ -57,6 +95,21 @@ class FieldNames:
 
     messages: str | None = None  # default: "conversations" (sharegpt) or "messages" (openai)
     text: str = "text"
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How conversations are fitted to training and to the chat template (module docstring).
+
+    ``system``, ``tool_calls`` and ``tool_results`` are what :func:`fit_to_template` decides for
+    one template: ``keep``/``fold``, ``native``/``text`` and ``tool``/``user``.
+    """
+
+    leading_assistant: str = "drop"
+    consecutive: str = "merge"
+    system: str = "keep"
+    tool_calls: str = "native"
+    tool_results: str = "tool"
 
 
 def detect_format(record: Any, fields: FieldNames = FieldNames()) -> str | None:
@@ -79,58 +132,262 @@ def detect_format(record: Any, fields: FieldNames = FieldNames()) -> str | None:
     return None
 
 
-def normalize(record: Any, fmt: str, fields: FieldNames = FieldNames()) -> Conversation:
-    """Return the canonical conversation of ``record`` or raise :class:`Rejected`."""
+def normalize(record: Any, fmt: str, fields: FieldNames = FieldNames(), policy: Policy = Policy()) -> Conversation:
+    """Return the canonical conversation of ``record``, fitted by ``policy``, or raise :class:`Rejected`."""
     if not isinstance(record, dict):
         raise Rejected(f"record is a JSON {_json_type(record)}, expected an object", "not_an_object")
     try:
-        if fmt == "sharegpt":
-            return _sharegpt(record, fields.messages or "conversations")
-        if fmt == "openai":
-            return _openai(record, fields.messages or "messages")
-        if fmt == "alpaca":
-            return _alpaca(record)
-        if fmt == "text":
+        if fmt in ("sharegpt", "openai"):
+            key = fields.messages or ("conversations" if fmt == "sharegpt" else "messages")
+            conversation = _chat(record, key)
+        elif fmt == "alpaca":
+            conversation = _alpaca(record)
+        elif fmt == "text":
             return _text(record, fields.text)
+        else:
+            raise ValueError(f"unknown format {fmt!r}")
     except Rejected as exc:
         detail = schema_problem(record, fmt, fields)
         reason = f"{exc} ({detail})" if detail and detail not in str(exc) else str(exc)
         raise Rejected(reason, exc.code) from None
-    raise ValueError(f"unknown format {fmt!r}")
+    return fit(conversation, policy)
 
 
-def _sharegpt(record: dict, key: str) -> Conversation:
+def _chat(record: dict, key: str) -> Conversation:
+    """ShareGPT or OpenAI messages, told apart per message (``from``/``value`` or ``role``/``content``)."""
     turns = _turn_list(record, key)
     messages = []
     system = record.get("system")
     if system:
         messages.append({"role": "system", "content": _string(system, "field 'system'")})
+    sharegpt = key == "conversations"
     for number, turn in enumerate(turns):
-        role = _role(turn, number, "from", SHAREGPT_ROLES)
-        content = _string(turn.get("value"), f"message {number} 'value'")
-        messages.append({"role": role, "content": content})
+        if isinstance(turn, dict) and ("from" in turn or "value" in turn or ("role" not in turn and sharegpt)):
+            messages.append(_sharegpt_turn(turn, number))
+        else:
+            messages.append(_openai_turn(turn, number))
     return Conversation(messages=messages, tools=_tools(record.get("tools")))
 
 
-def _openai(record: dict, key: str) -> Conversation:
-    turns = _turn_list(record, key)
-    messages = []
-    for number, turn in enumerate(turns):
-        role = _role(turn, number, "role", OPENAI_ROLES)
-        messages.append({"role": role, "content": _content(turn.get("content"), number)})
-    return Conversation(messages=messages, tools=_tools(record.get("tools")))
+def _sharegpt_turn(turn: dict, number: int) -> dict:
+    speaker = _speaker(turn, number, "from")
+    content = _string(turn.get("value"), f"message {number} 'value'")
+    if speaker in TOOL_CALL_SPEAKERS:
+        return {"role": "assistant", "content": "", "tool_calls": _calls_from_text(content, number)}
+    return {"role": ROLES[speaker], "content": content}
 
 
-def _role(turn, number: int, field: str, roles: dict[str, str]) -> str:
-    """The canonical role of message ``number``, read from its ``field`` and mapped through ``roles``."""
+def _openai_turn(turn, number: int) -> dict:
+    role = ROLES[_speaker(turn, number, "role")]
+    calls = turn.get("tool_calls") if role == "assistant" else None
+    if calls:
+        if not isinstance(calls, list):
+            raise Rejected(f"message {number} 'tool_calls' is a JSON {_json_type(calls)}, expected a list", "bad_tool_call")
+        content = turn.get("content")
+        message = {"role": role, "content": "" if content is None else _content(content, number),
+                   "tool_calls": [_call(call, number) for call in calls]}
+    else:
+        message = {"role": role, "content": _content(turn.get("content"), number)}
+    if role == "tool":
+        message.update({k: turn[k] for k in ("name", "tool_call_id") if isinstance(turn.get(k), str)})
+    return message
+
+
+def _speaker(turn, number: int, field_name: str) -> str:
+    """The speaker name of message ``number``, read from ``field_name``; one of :data:`ROLES`."""
     if not isinstance(turn, dict):
         raise Rejected(f"message {number} is a JSON {_json_type(turn)}, expected an object", "wrong_type")
-    if field not in turn:
-        raise Rejected(f"message {number} has no {field!r} field (keys: {sorted(turn)[:8]})", "missing_field")
-    value = turn[field]
-    if not isinstance(value, str) or value not in roles:
-        raise Rejected(f"message {number} has unknown role {value!r}; known: {sorted(roles)}", "unknown_role")
-    return roles[value]
+    if field_name not in turn:
+        raise Rejected(f"message {number} has no {field_name!r} field (keys: {sorted(turn)[:8]})", "missing_field")
+    value = turn[field_name]
+    if not isinstance(value, str) or value not in ROLES:
+        raise Rejected(f"message {number} has unknown role {value!r}; known: {sorted(ROLES)}", "unknown_role")
+    return value
+
+
+def _calls_from_text(text: str, number: int) -> list[dict]:
+    """A ShareGPT ``function_call`` value: the JSON of one call ``{"name", "arguments"}``, or a list of them."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        value = None
+    calls = value if isinstance(value, list) else [value]
+    return [_call(call, number) for call in calls]
+
+
+def _call(call: Any, number: int) -> dict:
+    """One tool call as templates read it: ``{"type": "function", "function": {"name", "arguments": {...}}}``
+    (OpenAI's ``arguments`` JSON string is decoded: templates write it out with ``tojson``)."""
+    function = call.get("function", call) if isinstance(call, dict) else None
+    if not (isinstance(function, dict) and isinstance(function.get("name"), str)):
+        raise Rejected(f"message {number} holds a tool call that is not a JSON object with a 'name' and "
+                       f"'arguments': {str(call)[:80]}", "bad_tool_call")
+    arguments = function.get("arguments", {})
+    if isinstance(arguments, str):
+        try:
+            decoded = json.loads(arguments)
+        except json.JSONDecodeError:
+            decoded = None
+        arguments = decoded if isinstance(decoded, dict) else arguments
+    out = {"type": "function", "function": {"name": function["name"], "arguments": arguments}}
+    if isinstance(call.get("id"), str):
+        out["id"] = call["id"]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# fitting a conversation to training and to the template: small transforms, each counted
+# ---------------------------------------------------------------------------------------------
+
+
+def fit(conversation: Conversation, policy: Policy) -> Conversation:
+    """Apply the policy's transforms in order; each adds what it changed to ``conversation.changes``."""
+    counts: Counter = Counter()
+    messages = conversation.messages
+    for transform in (_tool_calls_as_text, _tool_results_as_user, _drop_leading, _merge_consecutive, _fold_system):
+        messages = transform(messages, policy, counts)
+    if counts["leading_turns_dropped"] and not any(m["role"] == "assistant" for m in messages):
+        raise Rejected(f"no assistant turn to train on after the first user turn ({counts['leading_turns_dropped']} "
+                       "turn(s) before it were dropped: --leading-assistant drop)", "no_assistant_turn")
+    return replace(conversation, messages=messages, changes={k: v for k, v in counts.items() if v})
+
+
+def _tool_calls_as_text(messages: list[dict], policy: Policy, counts: Counter) -> list[dict]:
+    if policy.tool_calls != "text":
+        return messages
+    out = []
+    for message in messages:
+        if message.get("tool_calls"):
+            calls = "\n".join(json.dumps(call["function"], ensure_ascii=False) for call in message["tool_calls"])
+            message = {"role": message["role"], "content": "\n\n".join(p for p in (message["content"], calls) if p)}
+            counts["tool_calls_as_text"] += 1
+        out.append(message)
+    return out
+
+
+def _tool_results_as_user(messages: list[dict], policy: Policy, counts: Counter) -> list[dict]:
+    if policy.tool_results != "user":
+        return messages
+    counts["tool_results_as_user"] += sum(m["role"] == "tool" for m in messages)
+    return [{"role": "user", "content": m["content"]} if m["role"] == "tool" else m for m in messages]
+
+
+def _drop_leading(messages: list[dict], policy: Policy, counts: Counter) -> list[dict]:
+    """Turns between the leading system turn(s) and the first user turn."""
+    head = 0
+    while head < len(messages) and messages[head]["role"] == "system":
+        head += 1
+    first_user = next((i for i in range(head, len(messages)) if messages[i]["role"] == "user"), len(messages))
+    if first_user == head:
+        return messages
+    if policy.leading_assistant == "reject":
+        roles = ", ".join(repr(m["role"]) for m in messages[head:first_user])
+        raise Rejected(f"the conversation starts with {first_user - head} turn(s) before the first user turn "
+                       f"({roles}); --leading-assistant drop removes them and trains the rest", "leading_assistant")
+    counts["leading_turns_dropped"] += first_user - head
+    return messages[:head] + messages[first_user:]
+
+
+def _merge_consecutive(messages: list[dict], policy: Policy, counts: Counter) -> list[dict]:
+    if policy.consecutive == "keep":
+        return messages
+    out: list[dict] = []
+    for number, message in enumerate(messages):
+        before = out[-1] if out else None
+        if before is None or before["role"] != message["role"] or message["role"] not in ("user", "assistant"):
+            out.append(message)
+            continue
+        if policy.consecutive == "reject":
+            raise Rejected(f"messages {number - 1} and {number} are both {message['role']!r} turns; "
+                           "--consecutive merge joins them, --consecutive keep leaves them to the template",
+                           "consecutive_turns")
+        merged = {**before, "content": "\n\n".join(p for p in (before["content"], message["content"]) if p)}
+        if before.get("tool_calls") or message.get("tool_calls"):
+            merged["tool_calls"] = list(before.get("tool_calls") or []) + list(message.get("tool_calls") or [])
+        out[-1] = merged
+        counts["turns_merged"] += 1
+    return out
+
+
+def _fold_system(messages: list[dict], policy: Policy, counts: Counter) -> list[dict]:
+    if policy.system != "fold" or not messages or messages[0]["role"] != "system":
+        return messages
+    if len(messages) > 1 and messages[1]["role"] == "user":
+        first = messages[1]
+        text = "\n\n".join(p for p in (messages[0]["content"], first["content"]) if p)
+        counts["system_folded"] += 1
+        return [{**first, "content": text}] + messages[2:]
+    return messages
+
+
+_CHANGE_TEXT = {
+    "leading_turns_dropped": "{n} turns before the first user turn dropped (--leading-assistant drop)",
+    "turns_merged": "{n} turns merged into the turn before (--consecutive merge)",
+    "system_folded": "{n} system messages folded into the first user turn (--system)",
+    "tool_calls_as_text": "{n} tool-calling turns written as text (the template renders no tool_calls)",
+    "tool_results_as_user": "{n} tool results given as user turns (the template has no tool role)",
+}
+
+
+def changes_text(changes: dict[str, int], turns_not_located: int) -> str:
+    """One line for people (pack, stats, the dataset card): what normalizing changed, and the
+    assistant turns left untrained because they could not be located (render.py)."""
+    done = [_CHANGE_TEXT[name].format(n=f"{changes[name]:,}") for name in CHANGES if changes.get(name)]
+    return (f"turns: {'; '.join(done) or 'none dropped, merged or rewritten'}; "
+            f"{turns_not_located:,} assistant turns left untrained (turns_not_located)")
+
+
+_PROBE = "\u2063packprep-probe\u2063"  # a text no template writes by itself
+
+
+def fit_to_template(render: Callable[[list, list | None, bool], str], leading_assistant: str = "drop",
+                    consecutive: str = "merge", system: str = "auto") -> Policy:
+    """The :class:`Policy` for a chat template, decided from what ``render(messages, tools,
+    add_generation_prompt)`` does with three small probe conversations: whether it renders a system
+    message, an assistant's ``tool_calls``, and a ``tool`` message (each: renders without error and
+    shows the probe text)."""
+    def shows(messages) -> bool:
+        try:
+            return _PROBE in render(messages, None, False)
+        except Rejected:
+            return False
+
+    user, reply = {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}
+    call = {"role": "assistant", "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": _PROBE, "arguments": {}}}]}
+    if system == "auto":
+        system = "keep" if shows([{"role": "system", "content": _PROBE}, user, reply]) else "fold"
+    calls = "native" if shows([user, call]) else "text"
+    results = "tool" if shows([user, call if calls == "native" else reply, {"role": "tool", "content": _PROBE}, reply]) else "user"
+    return Policy(leading_assistant, consecutive, system, calls, results)
+
+
+def template_refusal(messages: list[dict], error: Exception) -> str:
+    """Why a template refused a conversation, in the record's terms, with the option that helps.
+
+    The template's own words are quoted only when its author wrote them (``raise_exception``);
+    an error from inside the template's code ("list object has no element 0") is not.
+    """
+    own = str(error).strip().splitlines()[0] if type(error).__name__ == "TemplateError" and str(error).strip() else None
+    roles = [m["role"] for m in messages]
+    head = 1 if roles[:1] == ["system"] else 0
+    if not roles[head:]:
+        what = "a conversation with no user or assistant message"
+    elif roles[head] != "user":
+        what = (f"a conversation that starts with a {roles[head]!r} turn "
+                "(--leading-assistant drop removes turns before the first user turn)")
+    elif any(a == b and a in ("user", "assistant") for a, b in zip(roles, roles[1:])):
+        i = next(i for i, (a, b) in enumerate(zip(roles, roles[1:])) if a == b and a in ("user", "assistant"))
+        what = f"two {roles[i]!r} turns in a row, messages {i} and {i + 1} (--consecutive merge joins them)"
+    elif "system" in roles[1:]:
+        what = f"a system message at position {roles.index('system', 1)}, after the first turn"
+    elif "tool" in roles or any(m.get("tool_calls") for m in messages):
+        what = "tool calls or tool results, which this template may not support (use a tokenizer whose template does)"
+    elif head:
+        what = "a system message (--system fold puts it into the first user message)"
+    else:
+        what = f"the roles {', '.join(roles[:12])}{'...' if len(roles) > 12 else ''}"
+    return f"the chat template cannot render {what}" + (f"; the template says: {own}" if own else "")
 
 
 def _alpaca(record: dict) -> Conversation:
@@ -198,7 +455,10 @@ def _tools(value: Any) -> list | None:
             raise Rejected("field 'tools' is a string that is not valid JSON", "wrong_type") from None
     if not isinstance(value, list):
         raise Rejected(f"field 'tools' is a JSON {_json_type(value)}, expected a list", "wrong_type")
-    return value
+    # a bare function schema {"name", "description", "parameters"} (glaive, LLaMA-Factory) gets the
+    # OpenAI wrapper that templates and transformers' own tool schemas use
+    return [{"type": "function", "function": tool} if isinstance(tool, dict) and "name" in tool
+            and "function" not in tool else tool for tool in value]
 
 
 def _json_type(value: Any) -> str:

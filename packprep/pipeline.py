@@ -24,7 +24,8 @@ from .card import length_histograms, render_card
 from .errors import ConfigError, InputError
 from .layout import DEFAULT_LAYOUT, get_layout
 from .materialize import Segments, TokenStore, TokenStoreBuilder
-from .normalize import FORMATS, Conversation, FieldNames, Rejected, detect_format, normalize
+from .normalize import (CHANGES, CONSECUTIVE, FORMATS, LEADING, SYSTEM, Conversation, FieldNames, Policy, Rejected,
+                        detect_format, fit_to_template, normalize)
 from .packing import ROW_ORDERS, STRATEGIES, Bins, lower_bound, order_bins, pack_lengths, pieces_to_bins, split_pieces
 from .read import Record, Source, file_sha256, read_records, resolve_inputs
 from .tokenize import BACKENDS, IGNORE_INDEX, TRAIN_ON, ChatEncoder, Encoded, load_tokenizer, tokenizer_fingerprint
@@ -46,7 +47,7 @@ class PackConfig:
     strategy: str = "greedy"
     seed: int = 0
     train_on: str = "assistant"
-    format: str | None = None  # None: detected per file
+    format: str | None = None  # None: detected per record
     messages_field: str | None = None
     text_field: str = "text"
     overlong: str = "truncate"
@@ -57,6 +58,9 @@ class PackConfig:
     on_error: str = "skip"
     tokenizer_backend: str = "auto"  # auto | hf | tiktoken; the output is the same with each
     partition_size: int | None = None  # pack each run of this many sequences on its own; None: globally
+    leading_assistant: str = "drop"  # turns before the first user turn: drop | reject (normalize.py)
+    consecutive: str = "merge"  # two user or two assistant turns in a row: merge | keep | reject
+    system: str = "auto"  # auto: fold into the first user turn where the template renders no system message
 
     def validate(self) -> None:
         choices = {
@@ -67,6 +71,9 @@ class PackConfig:
             "shard_format": SHARD_FORMATS,
             "on_error": ON_ERROR,
             "tokenizer_backend": BACKENDS,
+            "leading_assistant": LEADING,
+            "consecutive": CONSECUTIVE,
+            "system": SYSTEM,
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -116,6 +123,7 @@ def pack(
     fields = FieldNames(config.messages_field, config.text_field)
     formats = [_source_format(source, config, fields) for source in sources]
     _check_template(encoder, formats, config.max_len)
+    policy = record_policy(encoder, config)
     num_proc = max(1, num_proc or os.cpu_count() or 1)
 
     with folder.staging() as tmp:
@@ -126,7 +134,7 @@ def pack(
         with ledger:
             store = _tokenize_all(
                 sources, formats, fields, encoder, tokenizer, config, ledger, num_proc, progress, tmp / "token-cache",
-                engine, ray_address,
+                engine, ray_address, policy,
             )
         if len(store) == 0:
             raise InputError(_nothing_to_pack(ledger, sources))
@@ -168,6 +176,8 @@ class Ledger:
         self.status = bytearray()  # the FATES index of each record: one byte a record
         self.reasons: Counter = Counter()
         self.turns_not_located = 0
+        self.changes: Counter = Counter()  # what normalize.py's transforms changed in the kept records
+        self.formats: dict[int, Counter] = {}  # source number -> records of each format
         self._handle = None
 
     def __enter__(self):
@@ -256,16 +266,30 @@ def _check_template(encoder: ChatEncoder, formats: list[str], max_len: int) -> N
             )
 
 
-def _normalized(sources, formats, fields, ledger) -> Iterator[tuple[int, Record, Conversation | Rejected]]:
-    """Yield (source_index, record, conversation), or a Rejected in its place, in input order."""
-    for source, fmt in zip(sources, formats):
+def record_policy(encoder: ChatEncoder, config: PackConfig) -> Policy:
+    """How records are fitted to training and to this tokenizer's chat template (normalize.py)."""
+    if not encoder.has_template:
+        return Policy(config.leading_assistant, config.consecutive)
+    return fit_to_template(encoder.template.render, config.leading_assistant, config.consecutive, config.system)
+
+
+def _normalized(sources, formats, fields, ledger, policy: Policy = Policy()) -> Iterator[tuple[int, Record, Conversation | Rejected]]:
+    """Yield (source_index, record, conversation), or a Rejected in its place, in input order.
+
+    Without --format the format is told per record (a file may mix ShareGPT and OpenAI records);
+    a record that shows none is read as its file's format, so that its reason names what is missing.
+    """
+    for number, (source, fmt) in enumerate(zip(sources, formats)):
+        seen = ledger.formats.setdefault(number, Counter())
         for record in read_records(source):
             source_index = ledger.add()
             if record.error is not None:
                 yield source_index, record, Rejected(record.error, "unreadable")
                 continue
+            own = fmt if ledger.config.format else detect_format(record.data, fields) or fmt
+            seen[own] += 1
             try:
-                yield source_index, record, normalize(record.data, fmt, fields)
+                yield source_index, record, normalize(record.data, own, fields, policy)
             except Rejected as exc:
                 yield source_index, record, exc
 
@@ -286,11 +310,12 @@ def _worker_encode(conversations: list[Conversation]) -> tuple[list, str]:
 
 
 def _tokenize_all(
-    sources, formats, fields, encoder, tokenizer, config, ledger, num_proc, progress, cache_dir, engine, ray_address
+    sources, formats, fields, encoder, tokenizer, config, ledger, num_proc, progress, cache_dir, engine, ray_address,
+    policy,
 ) -> TokenStore:
     """Tokenize every record, spilling tokens to ``cache_dir`` so memory does not grow with the data."""
     builder = TokenStoreBuilder(cache_dir)
-    batches = _batches(_normalized(sources, formats, fields, ledger), 256)
+    batches = _batches(_normalized(sources, formats, fields, ledger, policy), 256)
     with _Progress(progress, None, "read+tokenize", "conv") as bar:
         results = encoded_batches(batches, encoder, tokenizer, config, num_proc, engine, ray_address)
         _collect(results, builder, config, ledger, bar)
@@ -372,11 +397,10 @@ def _ordered_map(pool, batches, in_flight: int):
 def _collect(results, builder: TokenStoreBuilder, config: PackConfig, ledger: Ledger, bar) -> None:
     for batch, encoded in results:
         tokens = 0
-        for (source_index, record, _), item in zip(batch, encoded):
+        for (source_index, record, conversation), item in zip(batch, encoded):
             if isinstance(item, Rejected):
                 ledger.reject(record, source_index, str(item), item.code)
                 continue
-            ledger.turns_not_located += item.turns_not_located
             ids, labels = item.input_ids, item.labels
             if len(ids) > config.max_len and config.overlong != "split":
                 if config.overlong == "drop":
@@ -392,6 +416,8 @@ def _collect(results, builder: TokenStoreBuilder, config: PackConfig, ledger: Le
                     ledger.reject(record, source_index, reason, "overlong")
                     continue
                 ledger.status[source_index] = TRUNCATED
+            ledger.changes.update(conversation.changes)
+            ledger.turns_not_located += item.turns_not_located
             builder.append(ids, labels, source_index)
             tokens += len(ids)
         bar.update(len(batch), tokens)
@@ -403,7 +429,8 @@ def _pack(store: TokenStore, config: PackConfig, ledger: Ledger) -> Bins:
     if bins.lengths is not None:  # pieces exist: mark the records that were cut
         cut = bins.lengths < lengths[bins.items]
         for source_index in np.unique(store.source_index[bins.items[cut]]).tolist():
-            ledger.status[source_index] = SPLIT
+            if ledger.status[source_index] == PACKED:  # a truncated record that is also cut stays truncated
+                ledger.status[source_index] = SPLIT
     return order_bins(bins, lengths, config.row_order, config.seed)
 
 
@@ -460,9 +487,11 @@ def _manifest(config, sources, formats, tok, tokenizer, ledger, store, segments,
         "packprep_version": __version__,
         "config": asdict(config),
         "inputs": [
-            {"path": s.path, "kind": s.kind, "format": f, "records": s.records,
+            {"path": s.path, "named": s.named or s.path, "name": os.path.basename(s.path.rstrip("/\\")) or s.path,
+             "kind": s.kind, "format": _formats_seen(ledger, number, f), "records": s.records,
+             "bytes": os.path.getsize(s.path) if os.path.isfile(s.path) else None,
              "sha256": file_sha256(s.path) if os.path.isfile(s.path) else None}
-            for s, f in zip(sources, formats)
+            for number, (s, f) in enumerate(zip(sources, formats))
         ],
         "tokenizer": {**tokenizer_fingerprint(tok, tokenizer), "backend": backend},
         "counts": {
@@ -470,6 +499,7 @@ def _manifest(config, sources, formats, tok, tokenizer, ledger, store, segments,
             **fates,
             "rejected_by_reason": dict(sorted(ledger.reasons.items())),
             "turns_not_located": ledger.turns_not_located,
+            "normalized": {name: ledger.changes.get(name, 0) for name in CHANGES},
         },
         "tokens": {"total": tokens, "supervised": supervised},
         "rows": rows,
@@ -482,6 +512,12 @@ def _manifest(config, sources, formats, tok, tokenizer, ledger, store, segments,
         "length_histograms": length_histograms(row_lengths, segments.length, config.max_len),
         "shards": shards,
     }
+
+
+def _formats_seen(ledger: Ledger, number: int, fallback: str) -> str:
+    """The format of an input's records, "sharegpt+openai" for a file that mixes them."""
+    seen = ledger.formats.get(number)
+    return "+".join(fmt for fmt, _ in seen.most_common()) if seen else fallback
 
 
 class _Progress:

@@ -12,7 +12,10 @@ Label semantics (unshifted, Hugging Face convention: the model shifts them by on
 Templates that rewrite earlier turns (e.g. strip reasoning from past assistant replies) are not
 prefix-stable: ``render(messages[:k+1])`` is then not a prefix of the full rendering. Rule: such a
 turn is left untrained (it is not what the model saw when it produced it) and counted in
-``turns_not_located``; a conversation in which no turn can be located is rejected.
+``turns_not_located``; a conversation in which no turn can be located is rejected. A turn whose
+prefix the template refuses to render at all (a template that needs a user message first, and a
+prefix that has none) is not located either: the definition has no value there. normalize.py's
+transforms make every prefix start with a user turn, so this is rare.
 
 Trailing non-assistant messages are dropped before rendering: they carry no label and, under
 causal attention, cannot influence any trained token.
@@ -44,7 +47,7 @@ import sys
 from dataclasses import dataclass
 
 from .errors import ConfigError
-from .normalize import Conversation, Rejected
+from .normalize import Conversation, Rejected, template_refusal
 
 WATCH = "__packprep_watch"  # the name under which the rewritten template's message loop calls the watch
 
@@ -276,8 +279,9 @@ class ChatTemplate:
                 **self._special,
             )
         except Exception as exc:  # jinja raise_exception, TemplateError, TypeError from bad data
-            message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise Rejected(f"chat template rejected the conversation: {message}", "template_error") from None
+            rejected = Rejected(template_refusal(messages, exc), "template_error")
+            rejected.template_error = exc  # for a reason in the whole conversation's terms (render_conversation)
+            raise rejected from None
 
     def render_with_prefixes(self, messages: list[dict], tools: list | None):
         """``render(messages)``, and a function ``prefix(n, g)`` equal to
@@ -343,15 +347,24 @@ def render_conversation(template: ChatTemplate, conversation: Conversation, trai
         assistant_turns = assistant_turns[-1:]
     spans = []
     not_located = 0
+    refused = None  # why the template refused a prefix the definition needs
     for k in assistant_turns:
-        before = prefix(k, True)
-        after = full if k == len(messages) - 1 else prefix(k + 1, False)
+        try:
+            before = prefix(k, True)
+            after = full if k == len(messages) - 1 else prefix(k + 1, False)
+        except Rejected as exc:  # the definition cannot be evaluated for this turn: not located
+            not_located, refused = not_located + 1, refused or (k, getattr(exc, "template_error", exc))
+            continue
         if full.startswith(after) and after.startswith(before):
             if len(after) > len(before):
                 spans.append((len(before), len(after)))
         else:
             not_located += 1
     if not spans:
+        if refused:
+            k, error = refused
+            raise Rejected(f"{template_refusal(messages, error)} (it refused the messages before assistant "
+                           f"message {k}, so no assistant turn could be located)", "template_error")
         if not_located:
             raise Rejected(
                 "chat template rewrites earlier turns and no assistant turn could be located "

@@ -40,7 +40,7 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 
 from .errors import ConfigError, InputError
-from .normalize import FieldNames, Rejected
+from .normalize import CHANGES, FieldNames, Rejected, changes_text
 from .packing import STRATEGIES, split_pieces
 from .tokenize import IGNORE_INDEX, ChatEncoder, Encoded, load_tokenizer
 
@@ -291,7 +291,7 @@ def stats(
     (``overlong``, ``seed``, ``samples_per_row``). Nothing is written. Returns a JSON-ready dict
     (``kind: "inputs"``) that :func:`render_text` and :func:`plot` draw.
     """
-    from .pipeline import Ledger, PackConfig, _check_template, _source_format
+    from .pipeline import Ledger, PackConfig, _check_template, _formats_seen, _source_format, record_policy
     from .read import resolve_inputs
 
     known = {f.name for f in dataclass_fields(PackConfig)}
@@ -313,7 +313,9 @@ def stats(
     num_proc = max(1, num_proc or os.cpu_count() or 1)
 
     tally = Ledger(config)
-    collected = _encode_lengths(sources, formats, fields, encoder, tokenizer, config, tally, max_lens, num_proc, progress)
+    policy = record_policy(encoder, config)
+    collected = _encode_lengths(sources, formats, fields, encoder, tokenizer, config, tally, max_lens, num_proc, progress,
+                                policy)
     lengths, supervised, turns, within, masked = collected
     table = what_if(
         lengths, supervised, max_lens, strategies,
@@ -324,7 +326,8 @@ def stats(
     rejected = sum(tally.reasons.values())
     return {
         "kind": "inputs",
-        "inputs": [{"path": s.path, "format": f, "records": s.records} for s, f in zip(sources, formats)],
+        "inputs": [{"path": s.path, "format": _formats_seen(tally, number, f), "records": s.records}
+                   for number, (s, f) in enumerate(zip(sources, formats))],
         "tokenizer": tokenizer,
         "train_on": config.train_on,
         "records": len(tally.status),
@@ -332,6 +335,7 @@ def stats(
         "rejected": rejected,
         "rejected_by_reason": dict(sorted(tally.reasons.items())),
         "turns_not_located": tally.turns_not_located,
+        "normalized": {name: tally.changes.get(name, 0) for name in CHANGES},
         "tokens": {"total": int(lengths.sum()), "supervised": int(supervised.sum())},
         "distribution": {
             "tokens": distribution(lengths),
@@ -350,7 +354,8 @@ def stats(
     }
 
 
-def _encode_lengths(sources, formats, fields, encoder, tokenizer, config, tally, max_lens, num_proc, progress):
+def _encode_lengths(sources, formats, fields, encoder, tokenizer, config, tally, max_lens, num_proc, progress,
+                    policy):
     """Run the pipeline's read → normalize → tokenize stages; keep only lengths and label counts."""
     from .pipeline import _batches, _normalized, _Progress, encoded_batches
 
@@ -369,6 +374,7 @@ def _encode_lengths(sources, formats, fields, encoder, tokenizer, config, tally,
                     continue
                 assert isinstance(item, Encoded)
                 tally.turns_not_located += item.turns_not_located
+                tally.changes.update(conversation.changes)
                 trained = item.labels != IGNORE_INDEX
                 trained[0] = False  # a packed sequence's first label is always -100
                 cumulative = np.cumsum(trained, dtype=np.int64)
@@ -383,7 +389,7 @@ def _encode_lengths(sources, formats, fields, encoder, tokenizer, config, tally,
                     masked[m].append(int(trained[m::m].sum()) if n > m else 0)
             bar.update(len(batch), sum(len(item.input_ids) for item in encoded if isinstance(item, Encoded)))
 
-    batches = _batches(_normalized(sources, formats, fields, tally), 256)
+    batches = _batches(_normalized(sources, formats, fields, tally, policy), 256)
     with _Progress(progress, None, "read+tokenize", "conv") as bar:
         collect(encoded_batches(batches, encoder, tokenizer, config, num_proc), bar)
     as_array = lambda values: np.asarray(values, dtype=np.int64)  # noqa: E731
@@ -604,6 +610,7 @@ def render_text(report: dict) -> str:
     if report["rejected_by_reason"]:
         line += " (" + ", ".join(f"{k} {_n(v)}" for k, v in report["rejected_by_reason"].items()) + ")"
     lines.extend(_wrap(line))
+    lines.extend(_wrap(changes_text(report.get("normalized") or {}, report.get("turns_not_located", 0))))
     lines.append(
         f"{report['tokens']['total']:,} tokens, {report['tokens']['supervised']:,} supervised "
         f"({report['tokens']['supervised'] / max(1, report['tokens']['total']):.1%})"
@@ -636,6 +643,7 @@ def _render_folder(report: dict) -> str:
             f"truncated {_n(counts.get('truncated', 0))}, split {_n(counts.get('split', 0))}, "
             f"rejected {_n(counts.get('rejected', 0))}"
         ))
+        lines.extend(_wrap(changes_text(counts.get("normalized") or {}, counts.get("turns_not_located", 0))))
     supervised = report["tokens"]["supervised"]
     lines.append(
         f"{_n(report['rows'])} rows, {_n(report['sequences'])} sequences, {_n(report['tokens']['total'])} tokens"

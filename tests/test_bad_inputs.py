@@ -219,7 +219,8 @@ def test_a_real_subprocess_prints_one_line_and_no_traceback(tmp_path):
 
 @needs_fixtures
 def test_template_rejections(tmp_path):
-    """A template that raises (Mistral: no system turn, roles must alternate) rejects the record."""
+    """A template that raises (Mistral: no system turn) rejects the record when normalizing is told not
+    to fit it (--system keep); by default the system turn is folded and the leading turn dropped."""
     data = tmp_path / "chats.jsonl"
     rows = [
         {"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello"}]},
@@ -230,12 +231,18 @@ def test_template_rejections(tmp_path):
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "out"
     result = invoke("pack", data, "-t", fixture_tokenizer("mistral-7b-v0.1"), "-o", out, "--max-len", 512,
-                    "--num-proc", 1, "-q")
+                    "--num-proc", 1, "-q", "--system", "keep")
     assert_clean_exit(result, 0)
     rejects = read_rejects(out)
-    assert [(r["line"], r["code"]) for r in rejects] == [(2, "template_error"), (3, "template_error")]
-    assert all(r["reason"].startswith("chat template rejected the conversation: ") for r in rejects)
+    assert [(r["line"], r["code"]) for r in rejects] == [(2, "template_error")]
+    assert rejects[0]["reason"].startswith("the chat template cannot render a system message (--system fold")
     assert packprep.verify(out).ok
+    fitted = tmp_path / "fitted"
+    assert_clean_exit(invoke("pack", data, "-t", fixture_tokenizer("mistral-7b-v0.1"), "-o", fitted, "--max-len",
+                             512, "--num-proc", 1, "-q"), 0)
+    counts = json.loads((fitted / "packprep.json").read_text())["counts"]
+    assert counts["packed"] == 3 and counts["normalized"]["system_folded"] == 1
+    assert counts["normalized"]["leading_turns_dropped"] == 1
 
 
 # ---------------------------------------------------------------- configuration errors, before work

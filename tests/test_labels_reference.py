@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from packprep.normalize import Conversation, Rejected, detect_format, normalize
+from packprep.normalize import Conversation, FieldNames, Policy, Rejected, detect_format, fit_to_template, normalize
 from packprep.read import read_records, resolve_inputs
 from packprep.tokenize import ChatEncoder, Encoded, load_tokenizer
 
@@ -28,12 +28,12 @@ FILES = [
 ]
 
 
-def conversations(name: str) -> list[Conversation]:
+def conversations(name: str, policy: Policy = Policy()) -> list[Conversation]:
     source = resolve_inputs([str(CONVERSATIONS / name)])[0]
     out = []
     for record in read_records(source):
         try:
-            out.append(normalize(record.data, detect_format(record.data)))
+            out.append(normalize(record.data, detect_format(record.data), FieldNames(), policy))
         except Rejected:
             pass
     return out
@@ -70,9 +70,10 @@ LONG = 40
 def test_labels_equal_the_per_prefix_reference(tokenizer_name):
     tok = load_tokenizer(fixture_tokenizer(tokenizer_name), transformers=True)  # the reference
     encoder = ChatEncoder(load_tokenizer(fixture_tokenizer(tokenizer_name)))
+    policy = fit_to_template(encoder.template.render)  # as pack fits records to this template
     total = 0
     for name in FILES:
-        convs = conversations(name)
+        convs = conversations(name, policy)
         if tokenizer_name != "llama3":
             convs = [c for c in convs if len(c.messages) <= LONG]
         ours = encoder.encode(convs)
@@ -119,7 +120,8 @@ def test_template_rejections_name_the_cause():
         result = encoder.encode([conversation])[0]
         assert isinstance(result, Rejected)
         assert result.code == "template_error"
-        assert "chat template rejected the conversation" in str(result)
+        assert "the chat template cannot render" in str(result)
+        assert "the template says: " in str(result), "the template author's own words are quoted"
 
 
 STRIPPING_TEMPLATE = (
