@@ -15,8 +15,8 @@
    describes shards that are all there. An interrupted push is resumed by running it again:
    whatever was committed is skipped.
 
-What is pushed: ``README.md``, ``packprep.json``, ``rejects.jsonl`` (if any) and every file under
-``data/`` (shards, plus ``state.json``/``dataset_info.json`` for Arrow output). Remote files under
+What is pushed: ``README.md``, ``packprep.json``, ``rejects.jsonl`` (if any; with local paths cut to
+their names, see :func:`published`) and every file under ``data/`` (shards, plus ``state.json``/``dataset_info.json`` for Arrow output). Remote files under
 ``data/`` that the local folder no longer has (shards of an earlier, differently sharded push) and a
 remote ``rejects.jsonl`` the folder no longer has are deleted in the last commit, so the card's
 ``data/train-*`` pattern never mixes two runs. Other remote files (a LICENSE, ``.gitattributes``)
@@ -68,15 +68,45 @@ class _LocalFile:
     local: Path
     size: int
     sha256: str | None = None  # known from the (verified) manifest for shards
+    content: bytes | None = None  # what is published instead of the file's bytes (see ``published``)
 
     def digest(self) -> str:
         if self.sha256 is None:
-            self.sha256 = _file_hash(self.local, hashlib.sha256())
+            self.sha256 = (hashlib.sha256(self.content).hexdigest() if self.content is not None
+                           else _file_hash(self.local, hashlib.sha256()))
         return self.sha256
 
     def git_blob_id(self) -> str:
         sha1 = hashlib.sha1(b"blob %d\0" % self.size)
+        if self.content is not None:
+            sha1.update(self.content)
+            return sha1.hexdigest()
         return _file_hash(self.local, sha1)
+
+
+def published(folder: Path, name: str, manifest: dict) -> bytes:
+    """The bytes pushed for a small file (card, manifest, rejects): each local input or tokenizer
+    path that is absolute or leaves the working folder (``/home/me/...``, ``~/...``, ``../...``) is
+    cut to its last part. The folder keeps them as the user named them; the packer's disk is not
+    published."""
+    data = (folder / name).read_bytes()
+    for local, public in _private_paths(manifest):
+        for form in dict.fromkeys((local, json.dumps(local)[1:-1])):  # as written, and inside JSON strings
+            data = data.replace(form.encode(), public.encode())
+    return data
+
+
+def _private_paths(manifest: dict) -> list[tuple[str, str]]:
+    paths = set()
+    for source in manifest.get("inputs", []):
+        if source.get("kind") != "hub":
+            paths.update(p for p in (source.get("path"), source.get("named")) if isinstance(p, str))
+    tokenizer = manifest.get("tokenizer", {})
+    if tokenizer.get("kind") != "hub" and isinstance(tokenizer.get("name_or_path"), str):
+        paths.add(tokenizer["name_or_path"])
+    private = [p for p in paths if os.path.isabs(p) or p.startswith(("~", "..")) or "\\" in p]
+    # longest first: a folder's path must not be cut inside a file path that starts with it
+    return [(p, p.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1] or p) for p in sorted(private, key=len, reverse=True)]
 
 
 def _file_hash(path: Path, hasher) -> str:
@@ -182,7 +212,8 @@ def _local_files(folder: Path, manifest: dict) -> list[_LocalFile]:
     files = []
     for name in ("README.md", "packprep.json", "rejects.jsonl"):
         if (folder / name).is_file():
-            files.append(_LocalFile(name, folder / name, (folder / name).stat().st_size))
+            content = published(folder, name, manifest)
+            files.append(_LocalFile(name, folder / name, len(content), content=content))
     data = folder / "data"
     for path in sorted(data.rglob("*")) if data.is_dir() else []:
         if path.is_file() and not any(part.startswith(".") for part in path.relative_to(folder).parts):
@@ -227,7 +258,8 @@ def _plan(changed: list[_LocalFile], deleted: list[str]) -> list[tuple[list[_Loc
 def _add_operation(item: _LocalFile):
     from huggingface_hub import CommitOperationAdd
 
-    operation = CommitOperationAdd(path_in_repo=item.path, path_or_fileobj=str(item.local))
+    operation = CommitOperationAdd(path_in_repo=item.path,
+                                   path_or_fileobj=item.content if item.content is not None else str(item.local))
     if item.sha256 is not None:  # already verified: spare the client a second read of the shard
         with contextlib.suppress(AttributeError):
             operation.upload_info.sha256 = bytes.fromhex(item.sha256)

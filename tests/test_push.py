@@ -69,7 +69,11 @@ def hub(monkeypatch, tmp_path):
 
 
 def local_files(folder: Path) -> dict[str, bytes]:
-    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    """What a push of ``folder`` puts on the Hub: every file, the card, manifest and rejects with the
+    packer's local paths cut to their names (test_what_is_pushed_holds_no_local_path)."""
+    manifest = json.loads((folder / "packprep.json").read_text())
+    return {p.relative_to(folder).as_posix(): push_module.published(folder, p.name, manifest) if p.parent == folder
+            else p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def shard_sha256s(folder: Path) -> set[str]:
@@ -93,6 +97,26 @@ def test_push_sends_the_folder_byte_for_byte(packed, hub):
     assert hub.commit_count("alice/chat-packed") == 2  # the repo's initial commit + one push commit
     assert result == result.commits[-1] and result.startswith(f"{hub.url}/datasets/alice/chat-packed/commit/")
     assert hub.repos[("dataset", "alice/chat-packed")].private is False
+
+
+def test_what_is_pushed_holds_no_local_path(packed, hub):
+    """The folder records inputs and tokenizer as the user named them (here absolute paths); the Hub
+    gets their names only."""
+    manifest = json.loads((packed / "packprep.json").read_text())
+    assert manifest["inputs"][0]["named"] == str(EXAMPLES / "chats.jsonl")
+    assert manifest["tokenizer"]["name_or_path"] == str(EXAMPLES / "tokenizer")
+    push(packed, "alice/no-paths", token=TOKEN)
+
+    remote = hub.files("alice/no-paths")
+    for name in ("README.md", "packprep.json", "rejects.jsonl"):
+        text = remote[name].decode()
+        for private in (str(EXAMPLES.parent), str(packed.parent), "/tmp/", "/work/", "/home/"):
+            assert private not in text, f"{name} holds {private}"
+    pushed = json.loads(remote["packprep.json"])
+    assert pushed["inputs"][0]["path"] == pushed["inputs"][0]["named"] == "chats.jsonl"
+    assert pushed["inputs"][0]["sha256"] == manifest["inputs"][0]["sha256"]
+    assert pushed["tokenizer"]["name_or_path"] == "tokenizer"
+    assert all(json.loads(line)["file"] == "chats.jsonl" for line in remote["rejects.jsonl"].decode().splitlines())
 
 
 def test_second_push_of_an_unchanged_folder_uploads_nothing(packed, hub):
@@ -158,7 +182,7 @@ def test_stale_shards_of_an_earlier_push_are_deleted(packed, hub):
     remote = hub.files("alice/chat-packed")
     assert "data/train-00000-of-00099.parquet" not in remote and result.deleted == ["data/train-00000-of-00099.parquet"]
     assert remote["LICENSE"] == b"CC-BY-4.0\n"  # files packprep does not own are left alone
-    assert remote["rejects.jsonl"] == (packed / "rejects.jsonl").read_bytes()
+    assert remote["rejects.jsonl"] == local_files(packed)["rejects.jsonl"]
 
 
 def test_push_to_an_existing_branch_and_private_repo(packed, hub):
