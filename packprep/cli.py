@@ -133,6 +133,7 @@ def pack(inputs, tokenizer, output, format_, num_proc, engine, ray_address, push
       packprep pack a.json b.parquet -t Qwen/Qwen2.5-7B-Instruct --max-len 8192 -o packed/
       packprep pack data/ -t ./tok --strategy random --seed 1 --overlong split -o packed/ --overwrite
       packprep pack chats.jsonl -t ./llama3 --layout trl -o packed-trl/
+      packprep pack 'dump/*.json' -t ./llama3 --leading-assistant reject --consecutive keep -o packed/
     """
     from .pipeline import pack as pack_
 
