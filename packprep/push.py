@@ -16,8 +16,8 @@
    whatever was committed is skipped.
 
 What is pushed: ``README.md``, ``packprep.json``, ``rejects.jsonl`` (if any; with local paths cut to
-their names, see :func:`published`) and every file under ``data/`` (shards, plus ``state.json``/``dataset_info.json`` for Arrow output). Remote files under
-``data/`` that the local folder no longer has (shards of an earlier, differently sharded push) and a
+their names, see :func:`published`) and every file under ``data/`` (shards, plus
+``state.json``/``dataset_info.json`` for Arrow output). Remote files under ``data/`` that the local folder no longer has (shards of an earlier, differently sharded push) and a
 remote ``rejects.jsonl`` the folder no longer has are deleted in the last commit, so the card's
 ``data/train-*`` pattern never mixes two runs. Other remote files (a LICENSE, ``.gitattributes``)
 are left alone.
