@@ -339,7 +339,7 @@ def test_a_stack_layout_is_pushed_with_its_files_checked(packed, hub, tmp_path, 
     folder = tmp_path / "padded"
     export(packed, "padded-test", folder)
     push(folder, "alice/padded", token=TOKEN)
-    assert hub.files("alice/padded")["packprep.json"] == (folder / "packprep.json").read_bytes()
+    assert hub.files("alice/padded")["packprep.json"] == local_files(folder)["packprep.json"]
     shard = next((folder / "data").glob("*.parquet"))
     shard.write_bytes(shard.read_bytes() + b"x")
     with pytest.raises(VerifyError, match="sha256"):
