@@ -44,6 +44,7 @@ import os
 import re
 import tempfile
 import unicodedata
+from pathlib import Path
 
 import numpy as np
 
@@ -157,7 +158,7 @@ class TiktokenBackend:
             else:
                 nfc = _normalizer(_state(hf.normalizer))
                 pattern = _pattern(_state(hf.pre_tokenizer))
-                ranks = _ranks(hf.model, set(special.values()))
+                ranks = _cached_ranks(hf.model, set(special.values()), getattr(tokenizer, "file_sha256", None))
             _check_post_processor(_state(hf.post_processor))
             prefix, suffix = _added_by_post_processor(hf)
         except _NotEligible as exc:
@@ -331,6 +332,44 @@ def _ranks(model, added_ids: set[int]) -> dict[bytes, int]:
         produced.add(token)
     if any(len(piece) > 1 and token not in produced for piece, token in ranks.items()):
         raise _NotEligible("some multi-byte tokens come from no merge")
+    return ranks
+
+
+RANKS_CACHE_VERSION = 1  # bump when _ranks changes what it returns
+
+
+def cache_dir() -> Path:
+    """Where conversions are kept between runs: $PACKPREP_CACHE, else $XDG_CACHE_HOME/packprep."""
+    if os.environ.get("PACKPREP_CACHE"):
+        return Path(os.environ["PACKPREP_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "packprep"
+
+
+def _cached_ranks(model, added_ids: set[int], file_sha256: str | None) -> dict[bytes, int]:
+    """``_ranks``, kept on disk under the tokenizer.json's sha256: the conversion costs 0.5-1 s of
+    every start with a 128k vocabulary, loading it 50 ms. (What it returns is still checked against
+    the tokenizer on the guard sample and the first texts of the run.)"""
+    if file_sha256 is None:
+        return _ranks(model, added_ids)
+    path = cache_dir() / f"tiktoken-ranks-v{RANKS_CACHE_VERSION}-{file_sha256}.npz"
+    try:
+        with np.load(path, allow_pickle=False) as saved:
+            blob, offsets, ids = saved["pieces"].tobytes(), saved["offsets"].tolist(), saved["ids"].tolist()
+        return {blob[a:b]: token for a, b, token in zip(offsets, offsets[1:], ids)}
+    except (OSError, KeyError, ValueError):
+        pass  # not there yet, or unreadable: convert
+    ranks = _ranks(model, added_ids)
+    pieces = list(ranks)
+    offsets = np.zeros(len(pieces) + 1, dtype=np.int64)
+    np.cumsum([len(piece) for piece in pieces], out=offsets[1:])
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.{os.getpid()}.npz")
+        np.savez(partial, pieces=np.frombuffer(b"".join(pieces), dtype=np.uint8), offsets=offsets,
+                 ids=np.array(list(ranks.values()), dtype=np.int64))
+        os.replace(partial, path)  # readers see a whole file or none
+    except OSError:
+        pass  # a read-only home: convert again next time
     return ranks
 
 

@@ -16,6 +16,7 @@ transformers' own tokenizer.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from datetime import datetime
@@ -51,6 +52,7 @@ class FolderTokenizer:
 
         folder = Path(path)
         self.name_or_path = str(path)
+        self._sha256: str | None = None
         self.backend_tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
         mapped = folder / "special_tokens_map.json"
@@ -63,6 +65,13 @@ class FolderTokenizer:
         self.chat_template = (
             template_file.read_text(encoding="utf-8") if template_file.is_file() else config.get("chat_template")
         )
+
+    @property
+    def file_sha256(self) -> str:
+        """The tokenizer.json's sha256: the key under which derived data (tiktoken ranks) is cached."""
+        if self._sha256 is None:
+            self._sha256 = hashlib.sha256((Path(self.name_or_path) / "tokenizer.json").read_bytes()).hexdigest()
+        return self._sha256
 
     def __getattr__(self, name: str):
         if name in SPECIAL_TOKENS:

@@ -1,12 +1,19 @@
 """Shared test fixtures: the bundled example, and the real tokenizers and data beside the repo."""
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+# conversions packprep caches between runs (tiktoken ranks) go to a folder of this test session
+if "PACKPREP_CACHE" not in os.environ:
+    os.environ["PACKPREP_CACHE"] = tempfile.mkdtemp(prefix="packprep-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["PACKPREP_CACHE"], True)
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_CHATS = REPO / "examples" / "chats.jsonl"

@@ -98,3 +98,26 @@ def test_loading_a_tokenizer_folder_imports_neither_transformers_nor_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@needs_fixtures
+def test_the_tiktoken_conversion_is_cached_by_the_tokenizer_files_hash(tmp_path, monkeypatch):
+    """The second start reads the ranks from the cache (converting would fail here) and encodes the same."""
+    import packprep.tiktoken_backend as tiktoken_backend
+    from packprep.tokenize import ChatEncoder
+
+    monkeypatch.setenv("PACKPREP_CACHE", str(tmp_path))
+    first = ChatEncoder(load_tokenizer(fixture_tokenizer("llama3")))
+    assert first.backend_name == "tiktoken"
+    assert [p.name.startswith("tiktoken-ranks-") for p in tmp_path.iterdir()] == [True]
+
+    def no_conversion(*args):
+        raise AssertionError("converted again instead of reading the cache")
+
+    monkeypatch.setattr(tiktoken_backend, "_ranks", no_conversion)
+    second = ChatEncoder(load_tokenizer(fixture_tokenizer("llama3")))
+    assert second.backend_name == "tiktoken"
+    texts = [m["content"] for c in fixture_conversations(20) for m in c.messages]
+    hf = load_tokenizer(fixture_tokenizer("llama3"), transformers=True)
+    fast = [ids.tolist() for ids, _ in second._fast.encode_batch(texts)]
+    assert fast == hf(texts, add_special_tokens=False)["input_ids"]
