@@ -1,0 +1,143 @@
+"""Megatron-Bridge / NeMo: the packed ``.npy`` that ``GPTSFTPackedDataset`` loads.
+
+What its code (megatron-bridge 0.3.1, ``data/datasets/sft.py``) reads, per packed row, from
+``np.load(path, allow_pickle=True)``: a dict with
+
+* ``input_ids``: the row's tokens (a list);
+* ``seq_start_id``: the start offset of every packed sequence (a Python list: the dataset appends
+  ``[len(input_ids)]`` to it with ``+``);
+* ``loss_mask``: one flag per token, ALREADY SHIFTED: ``loss_mask[t]`` says whether the token at
+  ``t + 1`` is trained. Its own packer rolls the mask by one (``x[1:] + [False]``).
+
+Its ``collate_fn`` then cuts every sequence ``[s, e)`` into inputs ``ids[s:e-1]`` and targets
+``ids[s+1:e]`` (so the last token of a sequence is never an input), keeps ``loss_mask[s:e-1]``
+(with ``answer_only_loss=True``, the default), restarts ``position_ids`` per sequence and passes
+``cu_seqlens`` to the THD attention kernel. So from packprep's unshifted labels:
+``loss_mask[t] = labels[t + 1] != -100`` inside a sequence and 0 at its last token.
+
+One thing no layout can change: 0.3.1's collate also zeroes the loss wherever the INPUT token is
+the tokenizer's ``eos_id`` (``loss_mask[tokens == eos_id] = 0``). A template that trains a token
+after its end-of-turn token (Qwen's ``<|im_end|>\\n``, when ``<|im_end|>`` is the eos) loses that
+token's loss in Megatron-Bridge. The export counts such labels and warns.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+import pyarrow as pa
+
+from ._rows import IGNORE_INDEX, Rows
+
+TRAIN_FILE = "training.npy"
+METADATA_FILE = "metadata.json"
+
+
+def shifted_loss_mask(rows: Rows) -> np.ndarray:
+    """Per token: 1 when the NEXT token of the same sequence is trained (Megatron's loss_mask)."""
+    n = len(rows.labels)
+    mask = np.zeros(n, np.int8)
+    if n > 1:
+        mask[:-1] = rows.labels[1:] != IGNORE_INDEX
+    ends = rows.seq_starts + rows.seq_lens.astype(np.int64) - 1
+    mask[ends] = 0  # a sequence's last token predicts nothing of its own sequence
+    return mask
+
+
+def megatron_rows(table: pa.Table) -> list[dict]:
+    """Canonical rows -> the dicts ``GPTSFTPackedDataset`` indexes (Python lists, as its packer writes)."""
+    rows = Rows(table)
+    mask = shifted_loss_mask(rows)
+    out = []
+    for r in range(rows.num_rows):
+        lo, hi = rows.offsets[r], rows.offsets[r + 1]
+        seq_lens = rows.seq_lens[rows.seq_offsets[r] : rows.seq_offsets[r + 1]].astype(np.int64)
+        starts = np.concatenate([[0], np.cumsum(seq_lens)[:-1]])
+        out.append(
+            {
+                "input_ids": rows.input_ids[lo:hi].tolist(),
+                "loss_mask": mask[lo:hi].tolist(),
+                "seq_start_id": starts.tolist(),
+            }
+        )
+    return out
+
+
+def labels_after_eos(table: pa.Table, eos_id: int) -> int:
+    """Trained labels whose input token (the one before, same sequence) is ``eos_id``: Megatron drops them."""
+    rows = Rows(table)
+    trained_next = shifted_loss_mask(rows).astype(bool)
+    return int(np.count_nonzero(trained_next & (rows.input_ids == eos_id)))
+
+
+def eos_id(manifest: Mapping[str, Any]) -> int | None:
+    """The tokenizer's eos id (what Megatron's HF tokenizer wrapper uses), from the manifest's tokenizer."""
+    tok = manifest.get("tokenizer") or {}
+    if isinstance(tok.get("eos_token_id"), int):
+        return tok["eos_token_id"]
+    name = tok.get("name_or_path")
+    if not name:
+        return None
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(name, local_files_only=True).eos_token_id
+    except Exception:  # noqa: BLE001 - no tokenizer at hand: the check is skipped, and said so
+        return None
+
+
+def write_files(tables: Iterable[pa.Table], out: Path, context) -> list[dict]:
+    """Write ``training.npy`` (+ ``metadata.json`` for ``PackedSequenceSpecs``); return the file entries."""
+    out = Path(out)
+    manifest = getattr(context, "manifest", {}) or {}
+    eos = eos_id(manifest)
+    rows: list[dict] = []
+    dropped = 0
+    seq_lens: list[np.ndarray] = []
+    for table in tables:
+        rows.extend(megatron_rows(table))
+        seq_lens.extend(np.asarray(s, np.int64) for s in table.column("seq_lens").to_pylist())
+        if eos is not None:
+            dropped += labels_after_eos(table, eos)
+    if not rows:
+        raise ValueError("no rows to export")
+    path = out / TRAIN_FILE
+    array = np.empty(len(rows), dtype=object)
+    array[:] = rows
+    np.save(path, array, allow_pickle=True)
+    packed = np.array([s.sum() for s in seq_lens])
+    metadata = [
+        {
+            "dataset_max_seqlen": int(max(s.max() for s in seq_lens)),
+            "max_samples_per_bin": int(max(len(s) for s in seq_lens)),
+            "packing_factor": round(sum(len(s) for s in seq_lens) / len(seq_lens), 2),
+            "packing_efficiency": round(float(packed.mean()) / context.max_len * 100, 2),
+            "pack_size": int(context.max_len),
+            "min_packed_seqlen": int(packed.min()),
+        }
+    ]
+    (out / METADATA_FILE).write_text(json.dumps(metadata) + "\n")
+    if eos is None:
+        warnings.warn(
+            "megatron layout: the tokenizer is not at hand, so the labels Megatron-Bridge drops after an "
+            "eos token (its collate zeroes the loss where the input token is eos_id) were not counted",
+            stacklevel=2,
+        )
+    elif dropped:
+        warnings.warn(
+            f"megatron layout: {dropped} trained labels follow the eos token (id {eos}) as input; "
+            "Megatron-Bridge's collate_fn zeroes their loss (loss_mask[tokens == eos_id] = 0), so they "
+            "will not be trained there",
+            stacklevel=2,
+        )
+    entries = []
+    for name in (TRAIN_FILE, METADATA_FILE):
+        p = out / name
+        entries.append({"path": name, "bytes": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()})
+    entries[0].update(rows=len(rows), tokens=int(packed.sum()), labels_dropped_after_eos=dropped if eos is not None else None)
+    return entries
