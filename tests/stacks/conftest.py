@@ -1,0 +1,111 @@
+"""What the stack tests share: packed example data, its export, one-by-one references, a tiny model.
+
+Every stack test packs the bundled example (``examples/chats.jsonl`` with the small-vocab
+``examples/tokenizer``) once, exports it to that stack's layout, runs the stack's own loading and
+collation code on it, and compares the packed rows' summed loss and logits with the same
+sequences run one by one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from tests.conftest import EXAMPLE_CHATS, EXAMPLE_TOKENIZER
+
+MAX_LEN = 256
+ROWS = 4  # packed rows compared per test (each holds several sequences)
+LOSS_RTOL = 1e-5
+LOGIT_ATOL = 1e-3
+
+
+@pytest.fixture(scope="session")
+def canonical(tmp_path_factory):
+    """The example packed in packprep's own layout (rows of at most MAX_LEN tokens)."""
+    import packprep
+
+    out = tmp_path_factory.mktemp("stacks") / "packed"
+    packprep.pack(str(EXAMPLE_CHATS), str(out), tokenizer=str(EXAMPLE_TOKENIZER), max_len=MAX_LEN, num_proc=1)
+    return out
+
+
+def canonical_rows(folder, n=ROWS) -> list[dict]:
+    """The first ``n`` canonical rows, as dicts of lists."""
+    table = pq.read_table(sorted((folder / "data").glob("*.parquet"))[0])
+    return table.slice(0, n).to_pylist()
+
+
+def sequences(rows: list[dict]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(input_ids, labels) of every packed sequence of ``rows``, in order."""
+    out = []
+    for row in rows:
+        ids, labels = np.asarray(row["input_ids"]), np.asarray(row["labels"])
+        start = 0
+        for n in row["seq_lens"]:
+            out.append((ids[start : start + n], labels[start : start + n]))
+            start += n
+    return out
+
+
+def one_by_one(rows, logits_of):
+    """Summed next-token loss and per-sequence logits, each sequence run alone through ``logits_of``.
+
+    ``logits_of(ids: LongTensor (1, n)) -> Tensor (n, vocab)``.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    total, logits = 0.0, []
+    for ids, labels in sequences(rows):
+        with torch.no_grad():
+            out = logits_of(torch.tensor(ids, dtype=torch.long)[None]).float()
+        logits.append(out)
+        total += F.cross_entropy(out[:-1], torch.tensor(labels[1:], dtype=torch.long), ignore_index=-100, reduction="sum").item()
+    return total, logits
+
+
+def assert_same(packed_loss, packed_logits, ref_loss, ref_logits):
+    """Packed summed loss equals one-by-one (relative LOSS_RTOL); logits within LOGIT_ATOL."""
+    assert len(packed_logits) == len(ref_logits)
+    diff = max(float((a - b).abs().max()) for a, b in zip(packed_logits, ref_logits))
+    assert abs(packed_loss - ref_loss) <= LOSS_RTOL * abs(ref_loss), (packed_loss, ref_loss)
+    assert diff < LOGIT_ATOL, diff
+    return diff
+
+
+def tiny_llama(vocab_size: int, attn: str = "sdpa"):
+    """A 2-layer Llama of hidden size 64, init std 0.5 so that any leak shows, fp32, eval mode."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=2 * MAX_LEN, initializer_range=0.5,
+        attn_implementation=attn, use_cache=False,
+    )
+    return LlamaForCausalLM(config).float().eval()
+
+
+def export(folder, name, out):
+    """``packprep export folder --to name out``; returns the folder the stack loads."""
+    import datasets
+    import pyarrow as pa
+
+    from packprep.layouts import llamafactory, megatron, torchtune
+    from types import SimpleNamespace
+
+    ctx = SimpleNamespace(max_len=MAX_LEN, pad_token_id=0, manifest={})
+    table = pq.read_table(sorted((folder / "data").glob("*.parquet"))[0])
+    out.mkdir(parents=True)
+    if name == "megatron":
+        megatron.write_files([table], out, ctx)
+        return out
+    converted = {"torchtune": torchtune, "llamafactory": llamafactory}[name].convert(table, ctx)
+    if name == "llamafactory":
+        datasets.Dataset(converted).save_to_disk(str(out / "data"))
+        return out / "data"
+    (out / "data").mkdir()
+    pq.write_table(converted, out / "data" / "train-00000-of-00001.parquet")
+    return out

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Run the stack tests (pytest marker `stacks`): each stack's real PyPI package, in its own venv,
+# on CPU, with a tiny random Llama. Usage, from the repo root:
+#     tests/stacks/run.sh [torchtune|llamafactory|axolotl|megatron ...]    (default: all four)
+# Venvs go to ${STACK_VENVS:-.stack-venvs}/NAME; torch is installed first (the local CPU build),
+# so no stack pulls a CUDA torch; each stack keeps its own pins (transformers, datasets...).
+set -euo pipefail
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+VENVS=${STACK_VENVS:-$REPO/.stack-venvs}
+STACKS=${*:-$(cd "$REPO/tests/stacks" && ls test_*.py | sed "s/^test_//; s/\.py$//")}
+
+install() {  # install NAME PIP-ARGS...
+    local venv=$VENVS/$1; shift
+    [ -x "$venv/bin/python" ] && return
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q torch==2.13.0
+    "$venv/bin/pip" install -q "$@"
+    "$venv/bin/pip" install -q "$REPO[test]" omegaconf
+}
+
+for stack in $STACKS; do
+    case $stack in
+        torchtune)    install torchtune torchtune==0.6.1 torchao==0.15.0 ;;   # torchao 0.16+ moved nf4tensor
+        llamafactory) install llamafactory llamafactory==0.9.5 ;;
+        axolotl)      install axolotl axolotl==0.19.0 ;;
+        megatron)     # its hard deps (transformer-engine, mamba-ssm) build only with CUDA: the data path needs none
+                      install megatron --no-deps megatron-bridge==0.3.1 \
+                          && "$VENVS/megatron/bin/pip" install -q "megatron-core>=0.15.0a0,<0.17" "transformers<5" \
+                             datasets accelerate omegaconf "hydra-core>1.3,<=1.3.2" pyyaml tqdm rich six regex ;;
+        *) echo "unknown stack $stack" >&2; exit 2 ;;
+    esac
+    (cd "$REPO" && PYTHONPATH=$REPO "$VENVS/$stack/bin/python" -m pytest -q -p no:cacheprovider -m stacks \
+        -o addopts="" "tests/stacks/test_$stack.py" -s)
+done
