@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the stack tests (pytest marker `stacks`): each stack's real PyPI package, in its own venv,
 # on CPU, with a tiny random Llama. Usage, from the repo root:
-#     tests/stacks/run.sh [torchtune|llamafactory|axolotl|megatron ...]    (default: all four)
+#     tests/stacks/run.sh [torchtune|llamafactory|axolotl|megatron ...]    (default: every tests/stacks/test_*.py)
 # Venvs go to ${STACK_VENVS:-.stack-venvs}/NAME; torch is installed first (the local CPU build),
 # so no stack pulls a CUDA torch; each stack keeps its own pins (transformers, datasets...).
 set -euo pipefail
