@@ -418,3 +418,5 @@ register(Layout(
     "trl", "TRL's SFTTrainer with padding_free=True", TABLE, TRL_RECIPE,
     test="tests/test_trainers.py::test_trl_recipe", renames={"seq_lens": "seq_lengths"},
 ))
+
+from . import layouts as _stacks  # noqa: E402,F401  registers torchtune, llamafactory, axolotl, megatron

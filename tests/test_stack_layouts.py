@@ -97,12 +97,12 @@ def test_megatron_counts_labels_its_collate_drops_after_eos():
 def test_megatron_write_files(tmp_path):
     with pytest.warns(UserWarning, match="1 trained labels follow the eos token"):
         entries = megatron.write_files([canonical()], tmp_path, context(6, manifest={"tokenizer": {"eos_token_id": 31}}))
-    data = np.load(tmp_path / "training.npy", allow_pickle=True)
+    data = np.load(tmp_path / "data" / "training.npy", allow_pickle=True)
     assert list(data) == megatron.megatron_rows(canonical())
-    assert entries[0]["path"] == "training.npy" and entries[0]["rows"] == 2 and entries[0]["tokens"] == 9
+    assert entries[0]["path"] == "data/training.npy" and entries[0]["rows"] == 2 and entries[0]["tokens"] == 9
     import json
 
-    meta = json.loads((tmp_path / "metadata.json").read_text())[0]
+    meta = json.loads((tmp_path / "data" / "metadata.json").read_text())[0]
     assert meta["max_samples_per_bin"] == 2 and meta["dataset_max_seqlen"] == 4 and meta["min_packed_seqlen"] == 4
 
 
@@ -110,3 +110,9 @@ def test_axolotl_keeps_rows_without_mask_or_sequence_columns():
     out = axolotl.convert(canonical(), context(6)).to_pydict()
     # no attention_mask: axolotl's collator then passes none, and transformers splits at position_ids
     assert out == {k: ROWS[k] for k in ("input_ids", "labels", "position_ids")}
+
+
+@pytest.mark.parametrize("adapter", [torchtune, llamafactory, axolotl])
+def test_an_empty_row_group_converts_to_an_empty_table(adapter):
+    empty = canonical().slice(0, 0)
+    assert adapter.convert(empty, context(6)).num_rows == 0

@@ -35,7 +35,7 @@ class Rows:
         self.row_lens = np.diff(self.offsets)
         seq_lens = self.seq_lens.astype(np.int64)
         # sequence k of the whole group starts at token seq_starts[k] (flat coordinates)
-        self.seq_starts = np.concatenate([[0], np.cumsum(seq_lens)[:-1]]).astype(np.int64)
+        self.seq_starts = np.cumsum(seq_lens) - seq_lens
         self.seqs_per_row = np.diff(self.seq_offsets)
         # per token: its sequence's number within its row, from 0
         seq_rank = np.arange(len(seq_lens)) - np.repeat(self.seq_offsets[:-1], self.seqs_per_row)

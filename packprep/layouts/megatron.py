@@ -68,6 +68,13 @@ def megatron_rows(table: pa.Table) -> list[dict]:
     return out
 
 
+def convert(table: pa.Table, context=None) -> pa.Table:
+    """The rows of ``training.npy`` as a table (what ``check_pipeline(..., layout="megatron")`` feeds)."""
+    schema = pa.schema([("input_ids", pa.list_(pa.int64())), ("loss_mask", pa.list_(pa.int8())),
+                        ("seq_start_id", pa.list_(pa.int64()))])
+    return pa.Table.from_pylist(megatron_rows(table), schema=schema)
+
+
 def labels_after_eos(table: pa.Table, eos_id: int) -> int:
     """Trained labels whose input token (the one before, same sequence) is ``eos_id``: Megatron drops them."""
     rows = Rows(table)
@@ -93,7 +100,8 @@ def eos_id(manifest: Mapping[str, Any]) -> int | None:
 
 def write_files(tables: Iterable[pa.Table], out: Path, context) -> list[dict]:
     """Write ``training.npy`` (+ ``metadata.json`` for ``PackedSequenceSpecs``); return the file entries."""
-    out = Path(out)
+    out = Path(out) / "data"
+    out.mkdir(parents=True, exist_ok=True)
     manifest = getattr(context, "manifest", {}) or {}
     eos = eos_id(manifest)
     rows: list[dict] = []
@@ -138,6 +146,48 @@ def write_files(tables: Iterable[pa.Table], out: Path, context) -> list[dict]:
     entries = []
     for name in (TRAIN_FILE, METADATA_FILE):
         p = out / name
-        entries.append({"path": name, "bytes": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()})
+        entries.append({"path": f"data/{name}", "bytes": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()})
     entries[0].update(rows=len(rows), tokens=int(packed.sum()), labels_dropped_after_eos=dropped if eos is not None else None)
     return entries
+
+
+def checkable(dataset):
+    """Megatron-Bridge's ``GPTSFTPackedDataset.collate_fn`` in the terms of ``packprep.torch.check_pipeline``.
+
+    ``check_pipeline(checkable(dataset), hf_model, "packed/", layout="megatron")`` with the
+    transformers model of the same checkpoint: each row goes through Megatron's own collate, and
+    its ``tokens``, ``position_ids``, ``labels`` and ``loss_mask`` are laid back out as full
+    sequences (Megatron never inputs a sequence's last token: it is the last label), so the guard
+    checks the boundaries, positions and trained labels Megatron will use. Megatron's THD
+    attention itself is not run. The labels its collate drops after an eos input are the one
+    known difference (the export counts them); they are put back so the guard checks the rest.
+    """
+    import torch
+
+    eos = dataset.tokenizer.eos_id
+
+    def pipeline(rows):
+        items = [{"input_ids": r["input_ids"], "seq_boundaries": list(r["seq_start_id"]) + [len(r["input_ids"])],
+                  "loss_mask": r["loss_mask"]} for r in rows]
+        batch = dataset.collate_fn(items)
+        ids, pos, labels = [], [], []
+        for i, row in enumerate(rows):
+            starts = list(row["seq_start_id"]) + [len(row["input_ids"])]
+            stored_mask = row["loss_mask"]
+            r_ids, r_pos, r_labels = [], [], []
+            c = 0  # Megatron's offset: each sequence is one token shorter there
+            for s, e in zip(starts[:-1], starts[1:]):
+                n = e - s - 1
+                tok = batch["tokens"][i, c : c + n].tolist()
+                lab = batch["labels"][i, c : c + n].tolist()
+                mask = batch["loss_mask"][i, c : c + n].tolist()
+                mask = [m or (t == eos and stored_mask[s + k]) for k, (m, t) in enumerate(zip(mask, tok))]
+                r_ids += tok + lab[-1:] if n else [row["input_ids"][s]]
+                r_pos += batch["position_ids"][i, c : c + n].tolist() + [n]
+                r_labels += [-100] + [x if m else -100 for x, m in zip(lab, mask)]
+                c += n
+            ids.append(r_ids), pos.append(r_pos), labels.append(r_labels)
+        return {"input_ids": torch.tensor(ids), "position_ids": torch.tensor(pos), "labels": torch.tensor(labels),
+                "use_cache": False}
+
+    return pipeline

@@ -98,3 +98,29 @@ def packed_dataset(tokenizer=None, *, source: str, packed: bool = False, split: 
             return {k: torch.tensor(row[k], dtype=torch.long) for k in COLUMNS}
 
     return _Packs()
+
+
+def checkable(collate_fn, model):
+    """torchtune's collator and model in the terms ``packprep.torch.check_pipeline`` speaks.
+
+    ``check_pipeline(*checkable(padded_collate_packed, model), "packed/", layout="torchtune")``:
+    each row goes through ``collate_fn`` and ``model`` unchanged; only the names differ
+    (``tokens``/``input_pos`` are ``input_ids``/``position_ids`` there).
+    """
+    import torch
+
+    def pipeline(rows):
+        batch = collate_fn([{k: torch.tensor(row[k], dtype=torch.long) for k in COLUMNS} for row in rows])
+        batch["input_ids"] = batch.pop("tokens")
+        return batch
+
+    class Checked(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, position_ids=None, input_pos=None, mask=None, labels=None, use_cache=None):
+            out = self.model(input_ids, mask=mask, input_pos=input_pos if input_pos is not None else position_ids)
+            return torch.cat(out, dim=1) if isinstance(out, list) else out  # chunked-output models
+
+    return pipeline, Checked()

@@ -206,6 +206,18 @@ def _stored_row(readers, dataset, index: int) -> dict:
     return readers[k].row(index - int(dataset._starts[k]))
 
 
+def _as_layout(row: dict, name: str, data) -> dict:
+    """One canonical row as layout ``name`` writes it."""
+    import pyarrow as pa
+
+    from ..layout import LayoutContext, get_layout, row_schema
+    from ..verify import read_manifest
+
+    manifest = read_manifest(data)
+    context = LayoutContext(max_len=int(manifest["config"]["max_len"]), manifest=manifest)
+    return get_layout(name).to_layout(pa.Table.from_pylist([row], schema=row_schema()), context).to_pylist()[0]
+
+
 def _pick(dataset, trainer, max_rows: int) -> tuple[int, int]:
     """(index of the truth row in ``dataset``, index of what the pipeline is fed): a row of two or
     more sequences when there is one among the first ``max_rows`` (else a row of one: truncation,
@@ -237,7 +249,7 @@ def _pick(dataset, trainer, max_rows: int) -> tuple[int, int]:
 
 
 def check_pipeline(pipeline, model=None, data: str | os.PathLike | None = None, *, atol: float | None = None,
-                   max_rows: int = 256) -> dict:
+                   max_rows: int = 256, layout: str | None = None) -> dict:
     """Run one packed row of ``data`` through the user's own pipeline and model; raise on any leak.
 
     ``pipeline``: the collate function given to the DataLoader (``collate_packed``, a transformers
@@ -246,6 +258,8 @@ def check_pipeline(pipeline, model=None, data: str | os.PathLike | None = None, 
     (``remove_unused_columns``), its ``data_collator`` and ``_prepare_inputs``, and its model.
     ``model``: the model as configured for training (default: the trainer's).
     ``data``: the packprep output folder the rows come from; it says where each sequence starts.
+    ``layout``: the layout the pipeline reads when it is a stack's own (``torchtune``,
+    ``llamafactory``...): the row of ``data`` is converted to it first, as ``packprep export`` does.
 
     Each packed sequence's logits in the batch must equal the sequence's logits run alone (tolerance
     ``atol``: 1e-3 in float32, else bf16 rounding), and no label may ask a sequence to predict the
@@ -264,6 +278,8 @@ def check_pipeline(pipeline, model=None, data: str | os.PathLike | None = None, 
     index, picked = _pick(dataset, trainer, max_rows)
     truth = dataset[index]
     stored = _stored_row(readers, dataset, index)
+    if layout is not None:
+        stored = _as_layout(stored, layout, data)
     dropped: list[str] = []
     if trainer is None:
         batch = pipeline([stored])
@@ -345,6 +361,10 @@ def _leak_cause(model, batch, starts, n_tokens, dropped, tol, alone) -> str:
     boundary = f"the row's sequences start at tokens {starts.tolist()}"
     lost = f" The stack dropped the columns {dropped} before the collator (remove_unused_columns)." if dropped else ""
     mask = batch.get("attention_mask")
+    if mask is not None and mask.dim() == 2 and bool((mask[0, :n_tokens] > 1).any()):
+        return ("A 2-D attention_mask numbering the row's sequences came with the batch: transformers reads it as "
+                "a padding mask (non-zero: attend), so the sequences see each other. LLaMA-Factory turns it into "
+                "a block-diagonal mask only with neat_packing: true." + lost)
     if mask is not None and bool((mask[0, :n_tokens] != 0).all()):
         return ("An all-ones attention_mask came with the batch: transformers' SDPA/eager path then skips its "
                 "packed-sequence detection and flash-attention treats the row as ONE sequence. Use a collator "

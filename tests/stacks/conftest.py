@@ -89,23 +89,8 @@ def tiny_llama(vocab_size: int, attn: str = "sdpa"):
 
 
 def export(folder, name, out):
-    """``packprep export folder --to name out``; returns the folder the stack loads."""
-    import datasets
-    import pyarrow as pa
+    """``packprep export folder --to name out``; returns the path the stack is pointed at."""
+    from packprep.export import export as export_
 
-    from packprep.layouts import llamafactory, megatron, torchtune
-    from types import SimpleNamespace
-
-    ctx = SimpleNamespace(max_len=MAX_LEN, pad_token_id=0, manifest={})
-    table = pq.read_table(sorted((folder / "data").glob("*.parquet"))[0])
-    out.mkdir(parents=True)
-    if name == "megatron":
-        megatron.write_files([table], out, ctx)
-        return out
-    converted = {"torchtune": torchtune, "llamafactory": llamafactory}[name].convert(table, ctx)
-    if name == "llamafactory":
-        datasets.Dataset(converted).save_to_disk(str(out / "data"))
-        return out / "data"
-    (out / "data").mkdir()
-    pq.write_table(converted, out / "data" / "train-00000-of-00001.parquet")
-    return out
+    export_(folder, name, out)
+    return out / "data" if name == "llamafactory" else out

@@ -36,21 +36,29 @@ _data_modules_without_transformer_engine()
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from packprep.layouts.megatron import checkable, labels_after_eos  # noqa: E402
+from packprep.torch import PackingIsolationError, check_pipeline  # noqa: E402
 from tests.conftest import EXAMPLE_TOKENIZER  # noqa: E402
 from tests.stacks.conftest import (  # noqa: E402
     MAX_LEN, ROWS, assert_same, canonical_rows, export, one_by_one, sequences, tiny_llama,
 )
 
 
-def megatron_dataset(path, **kwargs):
-    """What FinetuningDatasetBuilder builds for a packed .npy: create_sft_dataset with its tokenizer."""
-    from megatron.bridge.data.datasets.sft import create_sft_dataset
+def megatron_dataset(folder, **dataset_kwargs):
+    """What the recipe's settings make Megatron-Bridge build: FinetuningDatasetBuilder on the exported .npy."""
+    from megatron.bridge.data.builders.finetuning_dataset import FinetuningDatasetBuilder
+    from megatron.bridge.data.datasets.packed_sequence import PackedSequenceSpecs
     from megatron.bridge.training.tokenizers.config import TokenizerConfig
     from megatron.bridge.training.tokenizers.tokenizer import build_tokenizer
 
     tokenizer = build_tokenizer(TokenizerConfig(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=str(EXAMPLE_TOKENIZER)))
-    return create_sft_dataset(path, tokenizer=tokenizer, seq_length=MAX_LEN, pack_metadata_file_path=path.parent / "metadata.json",
-                              pad_cu_seqlens=False, pad_seq_to_mult=1, **kwargs), tokenizer
+    specs = PackedSequenceSpecs(packed_sequence_size=MAX_LEN, packed_train_data_path=str(folder / "data" / "training.npy"),
+                                packed_metadata_path=str(folder / "data" / "metadata.json"), pad_seq_to_mult=1)
+    builder = FinetuningDatasetBuilder(dataset_root=folder / "data", tokenizer=tokenizer, seq_length=MAX_LEN,
+                                       packed_sequence_specs=specs, dataset_kwargs=dataset_kwargs,
+                                       do_validation=False, do_test=False)
+    train, _, _ = builder.build()
+    return train, tokenizer
 
 
 def megatron_loss(model, batch, rows):
@@ -70,7 +78,7 @@ def megatron_loss(model, batch, rows):
 
 def test_megatron_packed_equals_one_by_one(canonical, tmp_path):
     folder = export(canonical, "megatron", tmp_path / "mg")
-    dataset, tokenizer = megatron_dataset(folder / "training.npy")
+    dataset, tokenizer = megatron_dataset(folder, answer_only_loss=True)
     batch = dataset.collate_fn([dataset[i] for i in range(ROWS)])
     assert batch["cu_seqlens"].dtype == torch.int32  # THD boundaries for its attention kernel
     rows = canonical_rows(canonical)
@@ -81,7 +89,6 @@ def test_megatron_packed_equals_one_by_one(canonical, tmp_path):
     kept = [dict(r, labels=[x if i == 0 or r["input_ids"][i - 1] != eos else -100 for i, x in enumerate(r["labels"])])
             for r in rows]
     dropped = sum(np.count_nonzero(a != b) for r, k in zip(sequences(rows), sequences(kept)) for a, b in [(r[1], k[1])])
-    from packprep.layouts.megatron import labels_after_eos
     import pyarrow as pa
 
     assert dropped == labels_after_eos(pa.Table.from_pylist(rows), eos)
@@ -89,18 +96,22 @@ def test_megatron_packed_equals_one_by_one(canonical, tmp_path):
     diff = assert_same(loss, logits, ref_loss, [r[:-1] for r in ref_logits])
     print(f"megatron: packed {loss:.4f} vs one-by-one {ref_loss:.4f}, max logit diff {diff:.2e}, "
           f"{dropped} labels after eos dropped by its collate")
+    check_pipeline(checkable(dataset), model, canonical, layout="megatron")  # the recipe's guard
 
 
 def test_megatron_without_answer_only_loss_trains_prompts(canonical, tmp_path):
     """answer_only_loss=False ignores the loss_mask (trains every token but eos): detected."""
     folder = export(canonical, "megatron", tmp_path / "mg")
-    dataset, _ = megatron_dataset(folder / "training.npy", answer_only_loss=False)
+    dataset, _ = megatron_dataset(folder, answer_only_loss=False)
     batch = dataset.collate_fn([dataset[i] for i in range(ROWS)])
     rows = canonical_rows(canonical)
     model = tiny_llama(1739)
     loss, _ = megatron_loss(model, batch, rows)
     ref_loss, _ = one_by_one(rows, lambda ids: model(input_ids=ids, use_cache=False).logits[0])
+    print(f"megatron with answer_only_loss=False: {loss:.4f} vs one-by-one {ref_loss:.4f}")
     assert abs(loss - ref_loss) > 1e-3 * abs(ref_loss)
+    with pytest.raises(PackingIsolationError, match="labels"):
+        check_pipeline(checkable(dataset), model, canonical, layout="megatron")
 
 
 def test_megatron_refuses_packprep_default_folder(canonical):

@@ -20,6 +20,8 @@ torchtune = pytest.importorskip("torchtune")
 import torch  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
+from packprep.layouts.torchtune import checkable  # noqa: E402
+from packprep.torch import PackingIsolationError, check_pipeline  # noqa: E402
 from tests.stacks.conftest import MAX_LEN, ROWS, assert_same, canonical_rows, export, one_by_one  # noqa: E402
 
 VOCAB = 1739  # examples/tokenizer
@@ -71,6 +73,8 @@ def loader(r, folder, packed=True):
 
 
 def test_torchtune_recipe_packed_equals_one_by_one(canonical, tmp_path):
+    from torchtune.data import padded_collate_packed
+
     folder = export(canonical, "torchtune", tmp_path / "tt")
     model = tiny_llama3()
     r = recipe(model)
@@ -90,13 +94,20 @@ def test_torchtune_recipe_packed_equals_one_by_one(canonical, tmp_path):
     ref_loss, ref_logits = one_by_one(rows, lambda ids: logits_of(model, ids)[0])
     diff = assert_same(packed_loss, packed_logits, ref_loss, ref_logits)
     print(f"torchtune: packed {packed_loss:.4f} vs one-by-one {ref_loss:.4f}, max logit diff {diff:.2e}")
+    check_pipeline(*checkable(padded_collate_packed, model), canonical, layout="torchtune")  # the recipe's guard
 
 
 def test_torchtune_without_packed_true_is_refused(canonical, tmp_path):
-    """The recipe's default (no `packed: True`) would collate with padded_collate_sft: refused."""
+    """The recipe's default (no `packed: True`) would collate with padded_collate_sft: refused, and the guard
+    names what that collator loses."""
+    from torchtune.data import padded_collate_sft
+
     folder = export(canonical, "torchtune", tmp_path / "tt")
+    model = tiny_llama3()
     with pytest.raises(ValueError, match="packed: True"):
-        loader(recipe(tiny_llama3()), folder, packed=False)
+        loader(recipe(model), folder, packed=False)
+    with pytest.raises(PackingIsolationError, match="No position_ids"):
+        check_pipeline(*checkable(padded_collate_sft, model), canonical, layout="torchtune")
 
 
 def test_torchtune_packed_dataset_on_default_rows_is_detected(canonical):
