@@ -71,14 +71,16 @@ AXOLOTL_RECIPE = _guard('check_pipeline(trainer, data="packed/", layout="axolotl
 datasets:
   - path: packed-ax/        # pre-tokenized rows: input_ids, labels, position_ids, no attention_mask
 skip_prepare_dataset: true  # hand the rows over as they are (no position_ids rewrite, no length filter)
-sample_packing: false       # true rewrites position_ids to 0..n-1 per row: every row ONE sequence
+sample_packing: false       # its own packing: would treat every packed row as ONE sequence
 sequence_len: 2048          # = --max-len
 ```
 Axolotl's collator then pads `labels` with -100 and `position_ids` with a new `0, 1, ...`, adds
 no `attention_mask` (the rows have none), and axolotl turns `use_cache` off: transformers splits
-every row at its restarted `position_ids` (SDPA, eager and flash-attention 2). What breaks packing
-here: `sample_packing: true`, an `attention_mask` column (an all-ones mask switches the splitting
-off), `batch_flattening: true` (recomputes `position_ids` per row)."""
+every row at its restarted `position_ids` (SDPA, eager and flash-attention 2). Axolotl's defaults
+refuse these rows loudly: without `skip_prepare_dataset` it does not take rows without an
+`attention_mask` as tokenized (an error), and `sample_packing: true` wants a `length` column (an
+error; it would also rewrite `position_ids` to `0..n-1` per row, one sequence a row). Do not add an
+`attention_mask`: an all-ones mask switches transformers' splitting off."""
 
 register(Layout(
     "torchtune", "torchtune's recipes (packed: True)", TABLE, TORCHTUNE_RECIPE,
@@ -125,4 +127,8 @@ register(Layout(
     "megatron", "Megatron-Bridge / NeMo packed SFT (.npy)", FILES, MEGATRON_RECIPE,
     test="tests/stacks/test_megatron.py", convert=_adapter("megatron", "convert"),
     write_files=_adapter("megatron", "write_files"),
+))
+register(Layout(
+    "axolotl", "Axolotl, pre-tokenized with skip_prepare_dataset", TABLE, AXOLOTL_RECIPE,
+    test="tests/stacks/test_axolotl.py", convert=_adapter("axolotl", "convert"),
 ))

@@ -43,10 +43,17 @@ class Rows:
         # per token: its position within its sequence
         self.token_pos = np.arange(len(self.input_ids)) - np.repeat(self.seq_starts, seq_lens)
 
+    def check_width(self, width: int, stack: str) -> None:
+        """Refuse rows longer than the fixed width a stack stacks them at."""
+        if self.num_rows and self.row_lens.max() > width:
+            raise ValueError(
+                f"{stack} stacks rows of {width} tokens, but a row holds {int(self.row_lens.max())} (strategy "
+                "minibatch makes such rows); pack with a strategy that respects --max-len"
+            )
+
     def fixed(self, flat: np.ndarray, width: int, fill, dtype) -> np.ndarray:
         """Scatter a per-token array into ``(num_rows, width)``, the tail filled with ``fill``."""
-        if self.num_rows and self.row_lens.max(initial=0) > width:
-            raise ValueError(f"a row holds {int(self.row_lens.max())} tokens, more than the width {width}")
+        self.check_width(width, "this layout")
         out = np.full((self.num_rows, width), fill, dtype=dtype)
         rows = np.repeat(np.arange(self.num_rows), self.row_lens)
         cols = np.arange(len(flat)) - np.repeat(self.offsets[:-1], self.row_lens)

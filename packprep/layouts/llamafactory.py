@@ -37,11 +37,7 @@ def convert(table: pa.Table, context) -> pa.Table:
     """Canonical rows -> LLaMA-Factory neat-packing rows of ``width(context.max_len)`` tokens."""
     w = width(context.max_len)
     rows = Rows(table)
-    if rows.num_rows and rows.row_lens.max() > w:
-        raise ValueError(
-            f"LLaMA-Factory stacks rows of one length ({w}), but a row holds {int(rows.row_lens.max())} tokens "
-            "(strategy minibatch makes such rows); pack with a strategy that respects --max-len"
-        )
+    rows.check_width(w, "LLaMA-Factory")
     pad_id = getattr(context, "pad_token_id", 0) or 0
     columns = {
         "input_ids": fixed_list(rows.fixed(rows.input_ids, w, pad_id, np.int32)),

@@ -34,11 +34,7 @@ def convert(table: pa.Table, context) -> pa.Table:
     """Canonical rows -> torchtune packs of width ``context.max_len``."""
     width = int(context.max_len)
     rows = Rows(table)
-    if rows.num_rows and rows.row_lens.max() > width:
-        raise ValueError(
-            f"torchtune stacks packs of max_seq_len = {width} tokens, but a row holds {int(rows.row_lens.max())} "
-            "(strategy minibatch makes such rows); pack with a strategy that respects --max-len"
-        )
+    rows.check_width(width, "torchtune (max_seq_len)")
     tokens = rows.fixed(rows.input_ids, width, getattr(context, "pad_token_id", 0) or 0, np.int32)
     labels = rows.fixed(rows.labels, width, IGNORE_INDEX, np.int32)
     # padding positions continue from the last real one, clamped, as PackedDataset._pad_pack does

@@ -30,10 +30,22 @@ def canonical(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory):
+    """A tiny random Llama and the example tokenizer saved as a model folder, for stacks that load one."""
+    import shutil
+
+    path = tmp_path_factory.mktemp("model") / "tiny-llama"
+    tiny_llama(1739).save_pretrained(path)
+    for f in EXAMPLE_TOKENIZER.iterdir():
+        shutil.copy(f, path / f.name)
+    return path
+
+
 def canonical_rows(folder, n=ROWS) -> list[dict]:
-    """The first ``n`` canonical rows, as dicts of lists."""
+    """The first ``n`` canonical rows (None: all), as dicts of lists."""
     table = pq.read_table(sorted((folder / "data").glob("*.parquet"))[0])
-    return table.slice(0, n).to_pylist()
+    return (table if n is None else table.slice(0, n)).to_pylist()
 
 
 def sequences(rows: list[dict]) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -45,6 +57,17 @@ def sequences(rows: list[dict]) -> list[tuple[np.ndarray, np.ndarray]]:
         for n in row["seq_lens"]:
             out.append((ids[start : start + n], labels[start : start + n]))
             start += n
+    return out
+
+
+def per_sequence(logits, rows, shorter_by=0):
+    """Split a batch's ``(rows, T, vocab)`` logits into each packed sequence's (each ``shorter_by`` tokens short)."""
+    out = []
+    for i, row in enumerate(rows):
+        start = 0
+        for n in row["seq_lens"]:
+            out.append(logits[i, start : start + n - shorter_by])
+            start += n - shorter_by
     return out
 
 

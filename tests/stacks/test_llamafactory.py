@@ -2,13 +2,18 @@
 
 Wires the pieces exactly as its ``run_sft`` does (``get_train_args`` -> ``load_tokenizer`` ->
 ``get_dataset`` with ``tokenized_path`` -> ``load_model`` -> ``SFTDataCollatorWith4DAttentionMask``)
-on a tiny random Llama saved to disk, and compares with each sequence run alone. See
-tests/stacks/run.sh for the venv.
+on a tiny random Llama saved to disk, and compares with each sequence run alone.
+
+Its venv and run, from the repo root (what ``tests/stacks/run.sh llamafactory`` does)::
+
+    python3 -m venv .stack-venvs/llamafactory && .stack-venvs/llamafactory/bin/pip install torch==2.13.0
+    .stack-venvs/llamafactory/bin/pip install . pytest omegaconf
+    .stack-venvs/llamafactory/bin/pip install llamafactory==0.9.5 torch==2.11.0 torchvision==0.26.0 torchaudio==2.11.0
+    PYTHONPATH=. .stack-venvs/llamafactory/bin/python -m pytest -m stacks tests/stacks/test_llamafactory.py
 """
 
 from __future__ import annotations
 
-import shutil
 
 import pytest
 
@@ -20,18 +25,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from packprep.torch import PackingIsolationError, check_pipeline  # noqa: E402
 
-from tests.conftest import EXAMPLE_TOKENIZER  # noqa: E402
-from tests.stacks.conftest import MAX_LEN, ROWS, assert_same, canonical_rows, export, one_by_one, tiny_llama  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    """A tiny random Llama and the example tokenizer, saved as LLaMA-Factory loads a model."""
-    path = tmp_path_factory.mktemp("lf") / "tiny-llama"
-    tiny_llama(1739).save_pretrained(path)
-    for f in EXAMPLE_TOKENIZER.iterdir():
-        shutil.copy(f, path / f.name)
-    return path
+from tests.stacks.conftest import MAX_LEN, ROWS, assert_same, canonical_rows, export, one_by_one, per_sequence  # noqa: E402
 
 
 def run_sft_pieces(model_dir, tokenized_path, out, neat_packing):
@@ -65,13 +59,7 @@ def packed_loss_and_logits(model, batch, rows):
     labels = batch["labels"]
     loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
                            ignore_index=-100, reduction="sum").item()
-    per_seq = []
-    for i, row in enumerate(rows):
-        start = 0
-        for n in row["seq_lens"]:
-            per_seq.append(logits[i, start : start + n])
-            start += n
-    return loss, per_seq
+    return loss, per_sequence(logits, rows)
 
 
 def test_llamafactory_neat_packing_equals_one_by_one(canonical, model_dir, tmp_path):

@@ -3,7 +3,14 @@
 Its training step needs Transformer Engine and a GPU (THD attention), so the model here is a tiny
 transformers Llama fed what Megatron's ``GPTSFTPackedDataset.collate_fn`` produces (``tokens``,
 ``position_ids`` restarting per sequence, ``labels``, ``loss_mask``) with Megatron's loss
-(``sum(loss_mask * token_loss)``), compared with each sequence run alone. See tests/stacks/run.sh.
+(``sum(loss_mask * token_loss)``), compared with each sequence run alone.
+
+Its venv and run, from the repo root (what ``tests/stacks/run.sh megatron`` does)::
+
+    python3 -m venv .stack-venvs/megatron && .stack-venvs/megatron/bin/pip install torch==2.13.0
+    .stack-venvs/megatron/bin/pip install . pytest omegaconf
+    .stack-venvs/megatron/bin/pip install --no-deps megatron-bridge==0.3.1 && .stack-venvs/megatron/bin/pip install 'megatron-core>=0.15.0a0,<0.17' 'transformers<5' datasets accelerate 'hydra-core>1.3,<=1.3.2' pyyaml tqdm rich six regex
+    PYTHONPATH=. .stack-venvs/megatron/bin/python -m pytest -m stacks tests/stacks/test_megatron.py
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ from packprep.layouts.megatron import checkable, labels_after_eos  # noqa: E402
 from packprep.torch import PackingIsolationError, check_pipeline  # noqa: E402
 from tests.conftest import EXAMPLE_TOKENIZER  # noqa: E402
 from tests.stacks.conftest import (  # noqa: E402
-    MAX_LEN, ROWS, assert_same, canonical_rows, export, one_by_one, sequences, tiny_llama,
+    MAX_LEN, ROWS, assert_same, canonical_rows, export, one_by_one, per_sequence, sequences, tiny_llama,
 )
 
 
@@ -67,13 +74,7 @@ def megatron_loss(model, batch, rows):
         logits = model(input_ids=batch["tokens"], position_ids=batch["position_ids"], use_cache=False).logits.float()
     token_loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch["labels"].reshape(-1), reduction="none")
     loss = float((token_loss * batch["loss_mask"].reshape(-1)).sum())
-    per_seq = []
-    for i, row in enumerate(rows):
-        start = 0
-        for n in row["seq_lens"]:
-            per_seq.append(logits[i, start : start + n - 1])  # Megatron never inputs a sequence's last token
-            start += n - 1
-    return loss, per_seq
+    return loss, per_sequence(logits, rows, shorter_by=1)  # Megatron never inputs a sequence's last token
 
 
 def test_megatron_packed_equals_one_by_one(canonical, tmp_path):

@@ -3,7 +3,13 @@
 Runs ``FullFinetuneRecipeSingleDevice._setup_data`` (which picks ``padded_collate_packed`` from
 ``packed: True``) on the exported folder, then the recipe's own ``_loss_step`` (its label shift
 and ``CEWithChunkedOutputLoss``) with torchtune's own Llama-3 builder, and compares with each
-sequence run alone. See tests/stacks/run.sh for the venv.
+sequence run alone. 
+Its venv and run, from the repo root (what ``tests/stacks/run.sh torchtune`` does)::
+
+    python3 -m venv .stack-venvs/torchtune && .stack-venvs/torchtune/bin/pip install torch==2.13.0
+    .stack-venvs/torchtune/bin/pip install . pytest omegaconf
+    .stack-venvs/torchtune/bin/pip install torchtune==0.6.1 torchao==0.15.0
+    PYTHONPATH=. .stack-venvs/torchtune/bin/python -m pytest -m stacks tests/stacks/test_torchtune.py
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from omegaconf import OmegaConf  # noqa: E402
 
 from packprep.layouts.torchtune import checkable  # noqa: E402
 from packprep.torch import PackingIsolationError, check_pipeline  # noqa: E402
-from tests.stacks.conftest import MAX_LEN, ROWS, assert_same, canonical_rows, export, one_by_one  # noqa: E402
+from tests.stacks.conftest import MAX_LEN, ROWS, assert_same, canonical_rows, export, one_by_one, per_sequence  # noqa: E402
 
 VOCAB = 1739  # examples/tokenizer
 
@@ -85,12 +91,7 @@ def test_torchtune_recipe_packed_equals_one_by_one(canonical, tmp_path):
         logits = logits_of(model, batch["tokens"], mask=batch["mask"], input_pos=batch["input_pos"])
         packed_loss = (r._loss_step(dict(batch)) * num_tokens).item()
     rows = canonical_rows(canonical)
-    packed_logits = []
-    for i, row in enumerate(rows):
-        start = 0
-        for n in row["seq_lens"]:
-            packed_logits.append(logits[i, start : start + n])
-            start += n
+    packed_logits = per_sequence(logits, rows)
     ref_loss, ref_logits = one_by_one(rows, lambda ids: logits_of(model, ids)[0])
     diff = assert_same(packed_loss, packed_logits, ref_loss, ref_logits)
     print(f"torchtune: packed {packed_loss:.4f} vs one-by-one {ref_loss:.4f}, max logit diff {diff:.2e}")
