@@ -136,6 +136,8 @@ class _Sampler(threading.Thread):
     def __init__(self):
         super().__init__(daemon=True)
         self.peak_kib = 0
+        self.stage = "other"  # set by the stage timers: each sample is also counted for its stage
+        self.by_stage: dict[str, int] = {}
         self.stop = threading.Event()
 
     @staticmethod
@@ -172,7 +174,9 @@ class _Sampler(threading.Thread):
                 pid = todo.pop()
                 pids.append(pid)
                 todo += tree.get(pid, [])
-            self.peak_kib = max(self.peak_kib, sum(self._kib(p) for p in pids))
+            kib = sum(self._kib(p) for p in pids)
+            self.peak_kib = max(self.peak_kib, kib)
+            self.by_stage[self.stage] = max(self.by_stage.get(self.stage, 0), kib)
 
 
 def timed_main(argv: list[str]) -> None:
@@ -185,6 +189,7 @@ def timed_main(argv: list[str]) -> None:
     import resource
 
     stages: dict[str, float] = {}
+    sampler = _Sampler()
     peak_after: dict[str, float] = {}  # the driver's peak RSS (MiB) when each stage ended: where it grew
 
     def timer(owner, name: str, stage: str):
@@ -194,9 +199,11 @@ def timed_main(argv: list[str]) -> None:
 
         def wrapped(*args, **kwargs):
             start = time.perf_counter()
+            sampler.stage = stage
             try:
                 return original(*args, **kwargs)
             finally:
+                sampler.stage = "other"
                 stages[stage] = stages.get(stage, 0.0) + time.perf_counter() - start
                 peak_after[stage] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -220,7 +227,6 @@ def timed_main(argv: list[str]) -> None:
     for name, module in list(sys.modules.items()):
         if name.startswith("packprep") and getattr(module, "read_records", None) is original_read:
             module.read_records = read_records
-    sampler = _Sampler()
     sampler.start()
     start = time.perf_counter()
     from packprep.cli import main
@@ -234,7 +240,7 @@ def timed_main(argv: list[str]) -> None:
         stages["other"] = total - sum(stages.values())
         stages["total"] = total
         driver_peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        print("BENCH_STAGES " + json.dumps({"stages": stages, "tree_peak_kib": sampler.peak_kib, "peak_after_mib": peak_after,
+        print("BENCH_STAGES " + json.dumps({"stages": stages, "tree_peak_kib": sampler.peak_kib, "tree_peak_by_stage_kib": sampler.by_stage, "peak_after_mib": peak_after,
                                             "startup_s": first_read[0] if first_read else None,
                                             "driver_peak_kib": driver_peak_kib}), flush=True)
 
@@ -271,6 +277,7 @@ def run_pack(data: Path, tokenizer: str, num_proc: int, max_len: int, workdir: P
         "startup_s": result.get("startup_s"),
         "max_rss_mib": result["driver_peak_kib"] / 1024,
         "tree_peak_mib": result["tree_peak_kib"] / 1024,
+        "tree_peak_by_stage_mib": {k: v / 1024 for k, v in result.get("tree_peak_by_stage_kib", {}).items()},
         "driver_peak_after_stage_mib": result.get("peak_after_mib", {}),
     }
 
