@@ -15,8 +15,9 @@ from . import __version__
 from .errors import EXIT_CODES_HELP, EXIT_INTERNAL, PackprepError
 from .layout import DEFAULT_LAYOUT, layout_names
 from .normalize import CONSECUTIVE, FORMATS, LEADING, SYSTEM, changes_text
-from .packing import ROW_ORDERS, STRATEGIES
-from .pipeline import ENGINES, ON_ERROR, OVERLONG
+from .packing import ROW_ORDERS, STRATEGIES, STRATEGY_TABLE
+from .pipeline import ENGINES, ON_ERROR
+from .plan import OVERLONG
 from .tokenize import BACKENDS, TRAIN_ON
 from .write import SHARD_FORMATS
 
@@ -89,8 +90,7 @@ def main():
 @click.option("--output", "-o", required=True, type=click.Path(file_okay=False), help="Output folder.")
 @click.option("--max-len", default=4096, show_default=True, type=int, help="Tokens per packed row.")
 @click.option("--strategy", default="greedy", show_default=True, type=click.Choice(STRATEGIES),
-              help="greedy: first-fit-decreasing; bfd: best-fit-decreasing; random: shuffle, concatenate, "
-              "cut (splits samples); minibatch: B shuffled samples a row; pad: one sample a row.")
+              help="; ".join(f"{s.name}: {s.help}" for s in STRATEGY_TABLE.values()) + ".")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed for shuffles; same seed, same bytes.")
 @click.option("--train-on", default="assistant", show_default=True, type=click.Choice(TRAIN_ON),
               help="Which tokens get labels: every assistant turn, only the last, or all tokens.")

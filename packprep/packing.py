@@ -4,24 +4,9 @@ Everything here works on a 1-D integer array of sample lengths and returns a
 :class:`Bins` (CSR form: ``items`` grouped by bin, ``offsets`` of length
 ``n_bins + 1``).  No I/O, no tokenizer, no imports from the rest of packprep.
 
-Strategies (see :func:`pack_lengths`):
-
-``greedy``
-    Exact first-fit-decreasing.  Items sorted by length descending, ties by input
-    index ascending; each item goes into the lowest-numbered open bin with room.
-    Bins are numbered in order of creation.  The result is unique.
-``bfd``
-    Best-fit-decreasing.  Same order; each item goes into the open bin with the
-    least remaining room that still fits (ties: lowest bin number).
-``random``
-    Seeded permutation of the items, concatenated and cut every ``max_len``
-    tokens.  A sample crossing a cut becomes pieces (``starts``/``lengths``).
-    Every bin holds exactly ``max_len`` tokens except the last one.
-``pad``
-    One item per bin, in input order.
-``minibatch``
-    Seeded permutation, then every ``samples_per_row`` consecutive items form a
-    bin (bins may exceed ``max_len``).
+Strategies: the :data:`STRATEGY_TABLE` at the end of this module, one :class:`Strategy` record
+each (what it does, and what the rest of packprep needs to know about it).  Adding a strategy is
+one entry there plus its tests.
 
 Implementation notes (chosen by measurement, see benchmarks/bench_packing.py).
 Lengths are bounded ints, so the decreasing order is a counting sort.  Both
@@ -43,12 +28,15 @@ All work arrays are allocated with numpy in Python (not inside numba), so
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 from numba import njit
 
 __all__ = [
     "Bins",
+    "Strategy",
+    "STRATEGY_TABLE",
     "STRATEGIES",
     "ROW_ORDERS",
     "pack_lengths",
@@ -58,7 +46,6 @@ __all__ = [
     "lower_bound",
 ]
 
-STRATEGIES = ("greedy", "bfd", "random", "pad", "minibatch")
 ROW_ORDERS = ("shuffle", "length", "input")
 
 _MAX_LEN_LIMIT = 2**31 - 1
@@ -674,39 +661,74 @@ def _pack_minibatch(lengths: np.ndarray, seed, samples_per_row) -> Bins:
     return Bins(items=perm, offsets=offsets)
 
 
+@dataclass(frozen=True)
+class Strategy:
+    """One packing strategy: its kernel, and what the planner, stats, verify and the CLI need to know."""
+
+    name: str
+    pack: Callable[..., Bins]  # (lengths, max_len, seed, samples_per_row) -> Bins; lengths already checked
+    help: str  # one line for --help and the README
+    cuts_samples: bool = False  # it cuts samples into pieces itself, where only the labels know the cost
+    rows_may_exceed_max_len: bool = False  # max_len is not a bound on a row (nothing is split to fit)
+    needs_samples_per_row: bool = False
+    baseline: bool = False  # one sample a row: what the others are compared with
+
+    @property
+    def items_must_fit(self) -> bool:
+        """Whether every length must be <= max_len before packing (else an overlong policy applies)."""
+        return not (self.cuts_samples or self.rows_may_exceed_max_len)
+
+
+STRATEGY_TABLE: dict[str, Strategy] = {
+    s.name: s
+    for s in (
+        Strategy("greedy", lambda a, m, seed, k: _pack_greedy(a, m),
+                 "first-fit-decreasing: exact, the fewest rows in practice, samples kept whole"),
+        Strategy("bfd", lambda a, m, seed, k: _pack_bfd(a, m), "best-fit-decreasing"),
+        Strategy("random", lambda a, m, seed, k: _pack_random(a, m, seed),
+                 "shuffle, concatenate, cut every max_len tokens (splits samples)", cuts_samples=True),
+        Strategy("pad", lambda a, m, seed, k: _pack_pad(a), "one sample a row", baseline=True),
+        Strategy("minibatch", lambda a, m, seed, k: _pack_minibatch(a, seed, k),
+                 "samples_per_row shuffled samples a row (rows may exceed max_len)",
+                 rows_may_exceed_max_len=True, needs_samples_per_row=True),
+    )
+}
+STRATEGIES = tuple(STRATEGY_TABLE)
+
+
+def get_strategy(strategy: str | Strategy) -> Strategy:
+    """The :class:`Strategy` of that name (ValueError naming the choices if there is none)."""
+    if isinstance(strategy, Strategy):
+        return strategy
+    try:
+        return STRATEGY_TABLE[strategy]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown strategy {strategy!r}; expected one of {STRATEGIES}") from None
+
+
 def pack_lengths(lengths, max_len, strategy="greedy", seed=0, samples_per_row=None) -> Bins:
     """Pack items of the given token ``lengths`` into bins of ``max_len`` tokens.
 
     Args:
-        lengths: 1-D integer array, every value >= 1.  For ``greedy``, ``bfd``
-            and ``pad`` every value must be <= ``max_len`` (apply an overlong
+        lengths: 1-D integer array, every value >= 1.  Where the strategy's ``items_must_fit``
+            (``greedy``, ``bfd``, ``pad``), every value must be <= ``max_len`` (apply an overlong
             policy first, e.g. :func:`split_pieces`); ``random`` cuts anything;
             ``minibatch`` does not check.
         max_len: bin capacity in tokens (1 <= max_len < 2**31).
-        strategy: one of :data:`STRATEGIES`.
+        strategy: a name in :data:`STRATEGIES` (or a :class:`Strategy`).
         seed: seed for ``random`` and ``minibatch`` (``np.random.default_rng``).
         samples_per_row: items per bin, required for ``minibatch``.
 
     Returns:
-        :class:`Bins`.  ``starts``/``lengths`` are set only for ``random``.
+        :class:`Bins`.  ``starts``/``lengths`` are set only where the strategy cuts samples.
         The result depends only on the arguments (never on process count).
     """
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy {strategy!r}; expected one of {STRATEGIES}")
+    chosen = get_strategy(strategy)
     max_len = _check_max_len(max_len)
     arr = _as_lengths(lengths)
-    if strategy == "greedy":
-        _check_fits(arr, max_len, strategy)
-        return _pack_greedy(arr, max_len)
-    if strategy == "bfd":
-        _check_fits(arr, max_len, strategy)
-        return _pack_bfd(arr, max_len)
-    if strategy == "pad":
-        _check_fits(arr, max_len, strategy)
-        return _pack_pad(arr)
-    if strategy == "random":
-        return _pack_random(arr, max_len, seed)
-    return _pack_minibatch(arr, seed, samples_per_row)
+    if chosen.items_must_fit:
+        _check_fits(arr, max_len, chosen.name)
+    return chosen.pack(arr, max_len, seed, samples_per_row)
 
 
 # --------------------------------------------------------------------------
@@ -746,13 +768,13 @@ def pieces_to_bins(bins: Bins, item, start, length) -> Bins:
     return Bins(items=item[idx], offsets=bins.offsets.copy(), starts=start[idx], lengths=length[idx])
 
 
-def order_bins(bins: Bins, lengths=None, row_order="shuffle", seed=0) -> Bins:
+def order_bins(bins: Bins, row_order="shuffle", seed=0) -> Bins:
     """Return the same bins in a new order (entries within a bin keep their order).
 
     ``shuffle``: ``np.random.default_rng(seed).permutation(n_bins)``.
     ``length``: the packer's own order (for greedy/bfd: creation order, i.e.
     by decreasing first item).  ``input``: by the smallest item index in each
-    bin (stable).  ``lengths`` is accepted for API symmetry and not needed.
+    bin (stable).
     """
     if row_order not in ROW_ORDERS:
         raise ValueError(f"unknown row_order {row_order!r}; expected one of {ROW_ORDERS}")

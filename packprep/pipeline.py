@@ -26,12 +26,12 @@ from .layout import DEFAULT_LAYOUT, get_layout
 from .materialize import Segments, TokenStore, TokenStoreBuilder
 from .normalize import (CHANGES, CONSECUTIVE, FORMATS, LEADING, SYSTEM, Conversation, FieldNames, Policy, Rejected,
                         detect_format, fit_to_template, normalize)
-from .packing import ROW_ORDERS, STRATEGIES, Bins, lower_bound, order_bins, pack_lengths, pieces_to_bins, split_pieces
+from .packing import ROW_ORDERS, STRATEGY_TABLE, Bins, lower_bound, order_bins
+from .plan import DROPPED, EMPTIED, OVERLONG, TRUNCATED as CUT, check_overlong, check_strategy, overlong_fates, plan_bins
 from .read import Record, Source, file_sha256, read_records, resolve_inputs
 from .tokenize import BACKENDS, IGNORE_INDEX, TRAIN_ON, ChatEncoder, Encoded, load_tokenizer, tokenizer_fingerprint
 from .write import SHARD_FORMATS, OutputFolder, parse_size, write_shards
 
-OVERLONG = ("truncate", "drop", "split")
 ENGINES = ("local", "ray")
 ON_ERROR = ("skip", "fail")
 # What became of each input record (the manifest counts these; verify checks they add up).
@@ -63,10 +63,10 @@ class PackConfig:
     system: str = "auto"  # auto: fold into the first user turn where the template renders no system message
 
     def validate(self) -> None:
+        check_strategy(self.strategy, self.samples_per_row)
+        check_overlong(self.overlong)
         choices = {
-            "strategy": STRATEGIES,
             "train_on": TRAIN_ON,
-            "overlong": OVERLONG,
             "row_order": ROW_ORDERS,
             "shard_format": SHARD_FORMATS,
             "on_error": ON_ERROR,
@@ -82,8 +82,6 @@ class PackConfig:
             raise ConfigError(f"--format must be one of {', '.join(FORMATS)}")
         if self.max_len < 2:
             raise ConfigError("--max-len must be at least 2")
-        if self.strategy == "minibatch" and not (self.samples_per_row and self.samples_per_row >= 1):
-            raise ConfigError("--strategy minibatch needs --samples-per-row B (B >= 1)")
         parse_size(self.shard_size)
         if self.partition_size is not None and self.partition_size < 1:
             raise ConfigError("--partition-size must be at least 1")
@@ -395,26 +393,31 @@ def _ordered_map(pool, batches, in_flight: int):
 
 
 def _collect(results, builder: TokenStoreBuilder, config: PackConfig, ledger: Ledger, bar) -> None:
+    """Apply the ``--overlong`` rule to every encoded record, in input order, and keep what stays."""
+    max_len = config.max_len
     for batch, encoded in results:
+        lengths = np.array([0 if isinstance(item, Rejected) else len(item.input_ids) for item in encoded], np.int64)
+        within = None
+        if config.overlong == "truncate" and (lengths > max_len).any():
+            within = [int((item.labels[1:max_len] != IGNORE_INDEX).sum()) if n > max_len else 1
+                      for item, n in zip(encoded, lengths.tolist())]
+        fates = overlong_fates(lengths, max_len, config.overlong, within).tolist()
         tokens = 0
-        for (source_index, record, conversation), item in zip(batch, encoded):
+        for (source_index, record, conversation), item, fate in zip(batch, encoded, fates):
             if isinstance(item, Rejected):
                 ledger.reject(record, source_index, str(item), item.code)
                 continue
             ids, labels = item.input_ids, item.labels
-            if len(ids) > config.max_len and config.overlong != "split":
-                if config.overlong == "drop":
-                    reason = f"{len(ids)} tokens, longer than --max-len {config.max_len} (--overlong drop)"
-                    ledger.reject(record, source_index, reason, "overlong")
-                    continue
-                ids, labels = ids[: config.max_len], labels[: config.max_len]
-                if not (labels[1:] != IGNORE_INDEX).any():
-                    reason = (
-                        f"{len(item.input_ids)} tokens; no supervised token is left after truncation "
-                        f"to --max-len {config.max_len}"
-                    )
-                    ledger.reject(record, source_index, reason, "overlong")
-                    continue
+            if fate == DROPPED:
+                reason = f"{len(ids)} tokens, longer than --max-len {max_len} (--overlong drop)"
+                ledger.reject(record, source_index, reason, "overlong")
+                continue
+            if fate == EMPTIED:
+                reason = f"{len(ids)} tokens; no supervised token is left after truncation to --max-len {max_len}"
+                ledger.reject(record, source_index, reason, "overlong")
+                continue
+            if fate == CUT:
+                ids, labels = ids[:max_len], labels[:max_len]
                 ledger.status[source_index] = TRUNCATED
             ledger.changes.update(conversation.changes)
             ledger.turns_not_located += item.turns_not_located
@@ -425,48 +428,14 @@ def _collect(results, builder: TokenStoreBuilder, config: PackConfig, ledger: Le
 
 def _pack(store: TokenStore, config: PackConfig, ledger: Ledger) -> Bins:
     lengths = store.lengths
-    bins = plan_bins(lengths, config)
+    bins = plan_bins(lengths, config.max_len, config.strategy, seed=config.seed, samples_per_row=config.samples_per_row,
+                     overlong=config.overlong, partition_size=config.partition_size)
     if bins.lengths is not None:  # pieces exist: mark the records that were cut
         cut = bins.lengths < lengths[bins.items]
         for source_index in np.unique(store.source_index[bins.items[cut]]).tolist():
             if ledger.status[source_index] == PACKED:  # a truncated record that is also cut stays truncated
                 ledger.status[source_index] = SPLIT
-    return order_bins(bins, lengths, config.row_order, config.seed)
-
-
-def plan_bins(lengths: np.ndarray, config: PackConfig) -> Bins:
-    """The bins ``pack`` makes of these sequence lengths (partitions, ``--overlong split``), before row order."""
-    size = config.partition_size or max(1, len(lengths))
-    firsts = range(0, max(1, len(lengths)), size)
-    return _concat_bins([_pack_partition(lengths[lo : lo + size], config) for lo in firsts], firsts)
-
-
-def _concat_bins(parts: list[Bins], firsts) -> Bins:
-    """Join the bins of consecutive partitions into one Bins over the whole item range."""
-    if len(parts) == 1:
-        return parts[0]
-    items = np.concatenate([part.items + first for part, first in zip(parts, firsts)])
-    sizes = np.concatenate([np.diff(part.offsets) for part in parts])
-    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    if all(part.starts is None for part in parts):
-        return Bins(items, offsets)
-    starts = np.concatenate([part.starts if part.starts is not None else np.zeros(len(part.items), np.int64) for part in parts])
-    piece = np.concatenate([part.entry_lengths(None) if part.lengths is not None else np.zeros(0) for part in parts])
-    return Bins(items, offsets, starts, piece)
-
-
-def _pack_partition(lengths: np.ndarray, config: PackConfig) -> Bins:
-    if config.overlong == "split" and config.strategy != "minibatch":
-        item, start, length = split_pieces(lengths, config.max_len)
-        bins = pieces_to_bins(
-            pack_lengths(length, config.max_len, config.strategy, config.seed, config.samples_per_row),
-            item,
-            start,
-            length,
-        )
-    else:
-        bins = pack_lengths(lengths, config.max_len, config.strategy, config.seed, config.samples_per_row)
-    return bins
+    return order_bins(bins, config.row_order, config.seed)
 
 
 def _segments(bins: Bins, store: TokenStore) -> Segments:
@@ -505,7 +474,7 @@ def _manifest(config, sources, formats, tok, tokenizer, ledger, store, segments,
         "rows": rows,
         "sequences": int(len(segments.item)),
         "max_row_len": int(row_lengths.max()) if rows else 0,
-        "rows_may_exceed_max_len": config.strategy == "minibatch",
+        "rows_may_exceed_max_len": STRATEGY_TABLE[config.strategy].rows_may_exceed_max_len,
         "efficiency": round(tokens / (rows * config.max_len), 6) if rows else 0.0,
         "lower_bound_rows": int(bound),
         "partitions": -(-len(store) // config.partition_size) if config.partition_size and len(store) else 1,

@@ -41,7 +41,8 @@ import numpy as np
 
 from .errors import ConfigError, InputError
 from .normalize import CHANGES, FieldNames, Rejected, changes_text
-from .packing import STRATEGIES, split_pieces
+from .packing import STRATEGY_TABLE, split_pieces
+from .plan import TRUNCATED, check_overlong, check_strategy, overlong_fates, plan_bins
 from .tokenize import IGNORE_INDEX, ChatEncoder, Encoded, load_tokenizer
 
 DEFAULT_MAX_LENS = (1024, 2048, 4096, 8192, 16384)
@@ -123,16 +124,12 @@ def _check_plan(max_lens, strategies, global_batch_size, epochs, overlong, sampl
     if not strategies:
         raise ConfigError("give at least one strategy")
     for strategy in strategies:
-        if strategy not in STRATEGIES:
-            raise ConfigError(f"strategy {strategy!r}: must be one of {', '.join(STRATEGIES)}")
-    if "minibatch" in strategies and not (samples_per_row and samples_per_row >= 1):
-        raise ConfigError("strategy minibatch needs samples_per_row (--samples-per-row B, B >= 1)")
+        check_strategy(strategy, samples_per_row)
     if int(global_batch_size) < 1:
         raise ConfigError("--global-batch-size must be at least 1")
     if int(epochs) < 1:
         raise ConfigError("--epochs must be at least 1")
-    if overlong not in ("truncate", "drop", "split"):
-        raise ConfigError("--overlong must be one of truncate, drop, split")
+    check_overlong(overlong)
     return max_lens, strategies
 
 
@@ -192,29 +189,20 @@ def what_if(
     for max_len in max_lens:
         over = lengths > max_len
         n_over = int(over.sum())
-        if overlong == "truncate":
-            if supervised_within is not None and max_len in supervised_within:
-                kept_sup = np.asarray(supervised_within[max_len], dtype=np.int64)
-            else:
-                kept_sup = np.where(over, np.minimum(supervised, max_len - 1), supervised)
-            keep = ~over | (kept_sup > 0)
-            lens = np.minimum(lengths, max_len)[keep]
-            # truncated samples lose what is past max_len; rejected ones lose everything
-            lost = int(lengths[over].sum()) - max_len * int((over & keep).sum())
-            sup = int(kept_sup[keep].sum())
-        elif overlong == "drop":
-            keep = ~over
-            lens = lengths[keep]
-            lost = int(lengths[over].sum())
-            sup = int(supervised[keep].sum())
-        else:  # split: nothing is lost, long samples become pieces
-            keep = np.ones(len(lengths), dtype=bool)
-            lens = lengths
-            lost = 0
-            sup = int(supervised.sum())
-            masked, split_exact = 0, not n_over
-            if n_over and split_masked is not None and max_len in split_masked:
-                masked, split_exact = int(np.asarray(split_masked[max_len], dtype=np.int64).sum()), True
+        if supervised_within is not None and max_len in supervised_within:
+            within = np.asarray(supervised_within[max_len], dtype=np.int64)
+        else:
+            within = np.where(over, np.minimum(supervised, max_len - 1), supervised)
+        fates = overlong_fates(lengths, max_len, overlong, within)
+        keep = fates <= TRUNCATED
+        cut = fates == TRUNCATED
+        lens = np.where(cut, max_len, lengths)[keep]
+        # truncated samples lose what is past max_len; rejected ones lose everything
+        lost = int(lengths[~keep].sum()) + int(lengths[cut].sum()) - max_len * int(cut.sum())
+        sup = int((within if overlong == "truncate" else supervised)[keep].sum())
+        masked, split_exact = 0, not n_over
+        if overlong == "split" and n_over and split_masked is not None and max_len in split_masked:
+            masked, split_exact = int(np.asarray(split_masked[max_len], dtype=np.int64).sum()), True
         rejected = int((~keep).sum())
         tokens = int(lens.sum())
         pieces = None
@@ -227,10 +215,10 @@ def what_if(
             rows = len(row_lengths)
             width = max(max_len, int(row_lengths.max()) if rows else 0)
             sup_here, exact = sup, True
-            if overlong == "split" and pieces is not None and strategy != "minibatch":
+            if pieces is not None and not STRATEGY_TABLE[strategy].rows_may_exceed_max_len:
                 sup_here, exact = sup - masked, split_exact  # first labels of pieces become -100
-            if strategy == "random" and len(entry) > (len(pieces) if pieces is not None else len(lens)):
-                exact = False  # random cut samples at places only the labels know
+            if STRATEGY_TABLE[strategy].cuts_samples and len(entry) > (len(pieces) if pieces is not None else len(lens)):
+                exact = False  # the strategy cut samples at places only the labels know
             attention = int(np.square(entry).sum())
             table.append(
                 {
@@ -257,13 +245,10 @@ def what_if(
 
 def _plan(lens, max_len, strategy, seed, samples_per_row, partition_size, split) -> tuple[np.ndarray, np.ndarray]:
     """(length of every packed sequence or piece, length of every row), exactly as ``pack`` packs ``lens``."""
-    from .pipeline import PackConfig, plan_bins
-
     if len(lens) == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    config = PackConfig(max_len=max_len, strategy=strategy, seed=seed, samples_per_row=samples_per_row,
-                        partition_size=partition_size, overlong="split" if split else "truncate")
-    bins = plan_bins(np.asarray(lens, dtype=np.int64), config)
+    bins = plan_bins(lens, max_len, strategy, seed=seed, samples_per_row=samples_per_row,
+                     overlong="split" if split else "truncate", partition_size=partition_size)
     return bins.entry_lengths(lens), bins.bin_lengths(lens)
 
 
@@ -571,14 +556,16 @@ def _what_if_lines(plan: dict) -> list[str]:
         "  steps: ceil(rows / batch) × epochs  attn: sum(len²) of packed sequences vs pad",
     ]
     by_key = {(r["max_len"], r["strategy"]): r for r in rows}
-    preference = ("greedy", "bfd", "random")
+    # the packing strategies whose rows fit max_len, in the table's order: greedy first
+    preference = [s.name for s in STRATEGY_TABLE.values() if not (s.baseline or s.rows_may_exceed_max_len)]
+    baseline = next(s.name for s in STRATEGY_TABLE.values() if s.baseline)
     packed = sorted(
-        (r for r in rows if r["strategy"] in preference and (r["max_len"], "pad") in by_key),
+        (r for r in rows if r["strategy"] in preference and (r["max_len"], baseline) in by_key),
         key=lambda r: (r["max_len"], preference.index(r["strategy"])),
     )
     if packed:
         r = packed[0]
-        pad_steps = by_key[(r["max_len"], "pad")]["optimizer_steps"]
+        pad_steps = by_key[(r["max_len"], baseline)]["optimizer_steps"]
         if pad_steps != r["optimizer_steps"]:
             notes.extend(_wrap(
                 f"  packing changes the step count ({_n(pad_steps)} → {_n(r['optimizer_steps'])} at "

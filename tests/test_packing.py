@@ -305,7 +305,7 @@ def test_order_bins_is_a_permutation_of_bins(lc, strategy, row_order, seed):
     if strategy != "random":
         arr = np.minimum(arr, cap)
     bins = pack_lengths(arr, cap, strategy, seed=seed)
-    out = order_bins(bins, arr, row_order, seed=seed)
+    out = order_bins(bins, row_order, seed=seed)
     check_csr(out)
     assert out.n_bins == bins.n_bins
     assert (out.starts is None) == (bins.starts is None)
@@ -330,12 +330,12 @@ def test_order_bins_is_a_permutation_of_bins(lc, strategy, row_order, seed):
     else:
         perm = np.random.default_rng(seed).permutation(bins.n_bins)
         assert after == [before[k] for k in perm]
-    assert np.array_equal(order_bins(bins, arr, row_order, seed=seed).items, out.items)
+    assert np.array_equal(order_bins(bins, row_order, seed=seed).items, out.items)
 
 
 def test_order_bins_input_is_stable_for_split_items():
     bins = pack_lengths(np.array([10, 1]), 4, "random", seed=0)
-    out = order_bins(bins, None, "input")
+    out = order_bins(bins, "input")
     perm = np.random.default_rng(0).permutation(2)
     assert out.n_bins == 3
     if perm[0] == 0:  # stream: item 0 (10 tokens) then item 1: bins all contain item 0
@@ -384,7 +384,7 @@ def test_value_errors(kwargs, match):
 
 def test_order_bins_bad_row_order():
     with pytest.raises(ValueError, match="unknown row_order"):
-        order_bins(pack_lengths(np.array([1]), 4), None, "sorted")
+        order_bins(pack_lengths(np.array([1]), 4), "sorted")
 
 
 def test_strategies_constant():

@@ -1,0 +1,99 @@
+"""Step 4a: plan the rows from lengths alone: the ``--overlong`` rule, partitions, the strategy's kernel.
+
+``pack`` packs with :func:`plan_bins` and ``stats`` plans its what-if table with the same call, so
+the table is what ``pack`` produces. What each strategy is and does lives in one place,
+:data:`packprep.packing.STRATEGY_TABLE`; this module only asks it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import ConfigError
+from .packing import STRATEGIES, STRATEGY_TABLE, Bins, Strategy, pack_lengths, pieces_to_bins, split_pieces
+
+OVERLONG = ("truncate", "drop", "split")
+# What --overlong does to one sample (see overlong_fates).
+WHOLE, TRUNCATED, DROPPED, EMPTIED = range(4)
+
+
+def check_strategy(name: str, samples_per_row: int | None = None) -> Strategy:
+    """The strategy called ``name``, or a ConfigError saying what is wrong with the choice."""
+    if name not in STRATEGY_TABLE:
+        raise ConfigError(f"--strategy must be one of {', '.join(STRATEGIES)}, not {name!r}")
+    strategy = STRATEGY_TABLE[name]
+    if strategy.needs_samples_per_row and not (samples_per_row and samples_per_row >= 1):
+        raise ConfigError(f"--strategy {name} needs samples_per_row (--samples-per-row B, B >= 1)")
+    return strategy
+
+
+def check_overlong(overlong: str) -> None:
+    if overlong not in OVERLONG:
+        raise ConfigError(f"--overlong must be one of {', '.join(OVERLONG)}")
+
+
+def overlong_fates(lengths, max_len: int, overlong: str, supervised_within=None) -> np.ndarray:
+    """What ``--overlong`` does to each sample, before packing (int8 array of the codes above).
+
+    ``WHOLE``: it fits, or ``split`` leaves it whole here and the planner cuts it into pieces.
+    ``TRUNCATED``: cut to its first ``max_len`` tokens. ``DROPPED`` (``drop``) and ``EMPTIED``
+    (truncated with no supervised token left) are rejected. ``supervised_within`` holds each
+    sample's supervised tokens within its first ``max_len`` (position 0 not counted); without it
+    no truncated sample is taken to be emptied.
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    over = lengths > max_len
+    fates = np.full(len(lengths), WHOLE, dtype=np.int8)
+    if overlong == "drop":
+        fates[over] = DROPPED
+    elif overlong == "truncate":
+        fates[over] = TRUNCATED
+        if supervised_within is not None:
+            fates[over & (np.asarray(supervised_within, dtype=np.int64) <= 0)] = EMPTIED
+    return fates
+
+
+def plan_bins(
+    lengths,
+    max_len: int,
+    strategy: str = "greedy",
+    *,
+    seed: int = 0,
+    samples_per_row: int | None = None,
+    overlong: str = "truncate",
+    partition_size: int | None = None,
+) -> Bins:
+    """The bins ``pack`` makes of these sequence lengths, before row order.
+
+    ``lengths`` are the samples kept after :func:`overlong_fates` (truncated ones at ``max_len``).
+    Each run of ``partition_size`` samples is packed on its own (None: all at once). Under
+    ``overlong="split"``, a strategy whose rows must fit gets samples longer than ``max_len`` as
+    pieces of ``max_len`` tokens; the bins then say which piece of which sample each entry is.
+    """
+    chosen = STRATEGY_TABLE[strategy] if isinstance(strategy, str) else strategy
+    lengths = np.asarray(lengths, dtype=np.int64)
+    size = partition_size or max(1, len(lengths))
+    firsts = range(0, max(1, len(lengths)), size)
+    split = overlong == "split" and not chosen.rows_may_exceed_max_len
+    parts = [_pack_partition(lengths[lo : lo + size], max_len, chosen, seed, samples_per_row, split) for lo in firsts]
+    return _concat_bins(parts, firsts)
+
+
+def _pack_partition(lengths, max_len, strategy, seed, samples_per_row, split) -> Bins:
+    if not split:
+        return pack_lengths(lengths, max_len, strategy, seed, samples_per_row)
+    item, start, length = split_pieces(lengths, max_len)
+    return pieces_to_bins(pack_lengths(length, max_len, strategy, seed, samples_per_row), item, start, length)
+
+
+def _concat_bins(parts: list[Bins], firsts) -> Bins:
+    """Join the bins of consecutive partitions into one Bins over the whole item range (every part
+    was packed the same way, so either all have pieces or none has)."""
+    if len(parts) == 1:
+        return parts[0]
+    items = np.concatenate([part.items + first for part, first in zip(parts, firsts)])
+    sizes = np.concatenate([np.diff(part.offsets) for part in parts])
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    if parts[0].starts is None:
+        return Bins(items, offsets)
+    return Bins(items, offsets, np.concatenate([p.starts for p in parts]), np.concatenate([p.lengths for p in parts]))
