@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import sys
@@ -13,10 +14,12 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 from . import __version__
 from .errors import EXIT_CODES_HELP, EXIT_INTERNAL, PackprepError
-from .layout import DEFAULT_LAYOUT, layout_names
+from .layout import layout_names
 from .normalize import CONSECUTIVE, FORMATS, LEADING, SYSTEM, changes_text
 from .packing import ROW_ORDERS, STRATEGIES, STRATEGY_TABLE
-from .pipeline import ENGINES, ON_ERROR
+from .inspect import inspect_row
+from .pipeline import ENGINES, ON_ERROR, PackConfig, pack as pack_
+from .stats import DEFAULT_MAX_LENS, DEFAULT_STRATEGIES, stats as stats_
 from .plan import OVERLONG
 from .tokenize import BACKENDS, TRAIN_ON
 from .write import SHARD_FORMATS
@@ -47,6 +50,14 @@ class _Group(click.Group):
             sys.exit(EXIT_INTERNAL)
 
 
+DEFAULT = PackConfig()  # the library's defaults, shown in --help; the CLI sets none of its own
+
+
+def _default(function, name: str):
+    """The default of ``function``'s argument ``name``: the library's, shown in --help."""
+    return inspect.signature(function).parameters[name].default
+
+
 # options pack and stats share, so that both read records the same way
 _SAMPLES_PER_ROW = click.option("--samples-per-row", default=None, type=int,
                                 help="Samples per row for --strategy minibatch.")
@@ -55,16 +66,16 @@ _NUM_PROC = click.option("--num-proc", default=None, type=int, help="Tokenizer p
 
 def _record_options(command):
     """--format, --messages-field, --text-field and the normalizing policies: how records are read."""
-    command = click.option("--system", default="auto", show_default=True, type=click.Choice(SYSTEM),
+    command = click.option("--system", default=DEFAULT.system, show_default=True, type=click.Choice(SYSTEM),
                            help="System message: auto folds it into the first user turn only where the chat "
                            "template renders none (Mistral v0.1); keep; fold.")(command)
-    command = click.option("--consecutive", default="merge", show_default=True, type=click.Choice(CONSECUTIVE),
+    command = click.option("--consecutive", default=DEFAULT.consecutive, show_default=True, type=click.Choice(CONSECUTIVE),
                            help="Two user or two assistant turns in a row: merge them (blank line between), "
                            "keep them for the template, or reject the record.")(command)
-    command = click.option("--leading-assistant", default="drop", show_default=True, type=click.Choice(LEADING),
+    command = click.option("--leading-assistant", default=DEFAULT.leading_assistant, show_default=True, type=click.Choice(LEADING),
                            help="Turns before the first user turn (a chat chunk that starts mid-way): drop them "
                            "and train the rest (as FastChat does), or reject the record.")(command)
-    command = click.option("--text-field", default="text", show_default=True,
+    command = click.option("--text-field", default=DEFAULT.text_field, show_default=True,
                            help="Column holding plain text (--format text).")(command)
     command = click.option("--messages-field", default=None,
                            help="Column holding the messages, if not 'conversations'/'messages'.")(command)
@@ -88,33 +99,33 @@ def main():
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("--tokenizer", "-t", required=True, help="Tokenizer folder or Hub id (with a chat template).")
 @click.option("--output", "-o", required=True, type=click.Path(file_okay=False), help="Output folder.")
-@click.option("--max-len", default=4096, show_default=True, type=int, help="Tokens per packed row.")
-@click.option("--strategy", default="greedy", show_default=True, type=click.Choice(STRATEGIES),
+@click.option("--max-len", default=DEFAULT.max_len, show_default=True, type=int, help="Tokens per packed row.")
+@click.option("--strategy", default=DEFAULT.strategy, show_default=True, type=click.Choice(STRATEGIES),
               help="; ".join(f"{s.name}: {s.help}" for s in STRATEGY_TABLE.values()) + ".")
-@click.option("--seed", default=0, show_default=True, type=int, help="Seed for shuffles; same seed, same bytes.")
-@click.option("--train-on", default="assistant", show_default=True, type=click.Choice(TRAIN_ON),
+@click.option("--seed", default=DEFAULT.seed, show_default=True, type=int, help="Seed for shuffles; same seed, same bytes.")
+@click.option("--train-on", default=DEFAULT.train_on, show_default=True, type=click.Choice(TRAIN_ON),
               help="Which tokens get labels: every assistant turn, only the last, or all tokens.")
 @_record_options
-@click.option("--overlong", default="truncate", show_default=True, type=click.Choice(OVERLONG),
+@click.option("--overlong", default=DEFAULT.overlong, show_default=True, type=click.Choice(OVERLONG),
               help="What to do with a sample longer than --max-len.")
-@click.option("--row-order", default="shuffle", show_default=True, type=click.Choice(ROW_ORDERS),
+@click.option("--row-order", default=DEFAULT.row_order, show_default=True, type=click.Choice(ROW_ORDERS),
               help="Order of rows in the shards; length-sorted rows bias training.")
 @_SAMPLES_PER_ROW
-@click.option("--shard-format", default="parquet", show_default=True, type=click.Choice(SHARD_FORMATS))
-@click.option("--layout", default=DEFAULT_LAYOUT, show_default=True, type=click.Choice(layout_names()),
+@click.option("--shard-format", default=DEFAULT.shard_format, show_default=True, type=click.Choice(SHARD_FORMATS))
+@click.option("--layout", default=_default(pack_, "layout"), show_default=True, type=click.Choice(layout_names()),
               help="The training stack the shards are laid out for (README: 'Train on it'); "
               "`packprep export` changes it later without re-tokenizing.")
-@click.option("--shard-size", default="500MB", show_default=True, help="Upper bound of a shard (uncompressed).")
-@click.option("--on-error", default="skip", show_default=True, type=click.Choice(ON_ERROR),
+@click.option("--shard-size", default=DEFAULT.shard_size, show_default=True, help="Upper bound of a shard (uncompressed).")
+@click.option("--on-error", default=DEFAULT.on_error, show_default=True, type=click.Choice(ON_ERROR),
               help="skip: list bad records in rejects.jsonl and go on; fail: stop at the first.")
-@click.option("--partition-size", default=None, type=int,
-              help="Pack each run of N sequences on its own [default: all at once; 1000000 with --engine ray].")
+@click.option("--partition-size", default=DEFAULT.partition_size, type=int,
+              help="Pack each run of N sequences on its own, with any engine [default: all at once].")
 @_NUM_PROC
-@click.option("--tokenizer-backend", default="auto", show_default=True, type=click.Choice(BACKENDS),
+@click.option("--tokenizer-backend", default=DEFAULT.tokenizer_backend, show_default=True, type=click.Choice(BACKENDS),
               help="tiktoken: exact fast path for byte-level BPE (Llama-3, Qwen2, GPT-2) and SentencePiece BPE "
               "(Llama-2, Mistral) tokenizers; auto: "
               "tiktoken where it is checked identical, else hf. The output is the same with each.")
-@click.option("--engine", default="local", show_default=True, type=click.Choice(ENGINES),
+@click.option("--engine", default=_default(pack_, "engine"), show_default=True, type=click.Choice(ENGINES),
               help="local: this machine's cores; ray: tokenize on a Ray cluster (pip install 'packprep[ray]').")
 @click.option("--ray-address", default=None, help="With --engine ray: the cluster address [default: start a local Ray].")
 @click.option("--push-to", default=None, metavar="REPO_ID",
@@ -135,14 +146,10 @@ def pack(inputs, tokenizer, output, format_, num_proc, engine, ray_address, push
       packprep pack chats.jsonl -t ./llama3 --layout trl -o packed-trl/
       packprep pack 'dump/*.json' -t ./llama3 --leading-assistant reject --consecutive keep -o packed/
     """
-    from .pipeline import pack as pack_
-
     if push_to:  # a bad token or no network fails before the packing work, not after
         from .push import check_credentials
 
         check_credentials(token)
-    if engine == "ray" and settings["partition_size"] is None:
-        settings["partition_size"] = 1_000_000
     manifest = pack_(list(inputs), output, tokenizer, overwrite=overwrite, num_proc=num_proc, engine=engine,
                      ray_address=ray_address, progress=not quiet, format=format_, layout=layout, **settings)
     counts = manifest["counts"]
@@ -259,20 +266,20 @@ def push(folder, repo_id, private, revision, token, commit_message):
 @click.option("--tokenizer", "-t", default=None,
               help="Tokenizer folder or Hub id, as for pack (not needed for a packed folder).")
 @click.option("--max-len", "max_lens", multiple=True, type=int,
-              help="Row length to plan for; repeat for several [default: 1024 2048 4096 8192 16384].")
+              help=f"Row length to plan for; repeat for several [default: {' '.join(map(str, DEFAULT_MAX_LENS))}].")
 @click.option("--strategy", "strategies", multiple=True, type=click.Choice(STRATEGIES),
-              help="Strategy to plan for; repeat for several [default: pad random greedy].")
-@click.option("--global-batch-size", default=64, show_default=True, type=int,
+              help=f"Strategy to plan for; repeat for several [default: {' '.join(DEFAULT_STRATEGIES)}].")
+@click.option("--global-batch-size", default=_default(stats_, "global_batch_size"), show_default=True, type=int,
               help="Rows per optimizer step, over all devices and accumulation steps.")
-@click.option("--epochs", default=1, show_default=True, type=int, help="Epochs, for the optimizer step count.")
-@click.option("--train-on", default="assistant", show_default=True, type=click.Choice(TRAIN_ON),
+@click.option("--epochs", default=_default(stats_, "epochs"), show_default=True, type=int, help="Epochs, for the optimizer step count.")
+@click.option("--train-on", default=DEFAULT.train_on, show_default=True, type=click.Choice(TRAIN_ON),
               help="Which tokens get labels, as for pack.")
 @_record_options
-@click.option("--overlong", default="truncate", show_default=True, type=click.Choice(OVERLONG),
+@click.option("--overlong", default=DEFAULT.overlong, show_default=True, type=click.Choice(OVERLONG),
               help="What pack would do with a sample longer than --max-len.")
-@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the random strategy, as for pack.")
+@click.option("--seed", default=DEFAULT.seed, show_default=True, type=int, help="Seed of the random strategy, as for pack.")
 @_SAMPLES_PER_ROW
-@click.option("--partition-size", default=None, type=int,
+@click.option("--partition-size", default=DEFAULT.partition_size, type=int,
               help="Plan as pack --partition-size: each run of this many samples packed on its own.")
 @_NUM_PROC
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
@@ -301,21 +308,12 @@ def stats(inputs, tokenizer, max_lens, strategies, global_batch_size, epochs, fo
       packprep stats chats.jsonl -t ./llama3 --plot lengths.png
       packprep stats packed/
     """
-    from .errors import ConfigError
-    from .stats import (DEFAULT_MAX_LENS, DEFAULT_STRATEGIES, is_packed_folder, plot, render_text,
-                        require_matplotlib, stats as stats_, stats_folder)
+    from .stats import plot, render_text, require_matplotlib
 
     if plot_path:
         require_matplotlib()
-    if len(inputs) == 1 and is_packed_folder(inputs[0]):
-        report = stats_folder(inputs[0], global_batch_size=global_batch_size, epochs=epochs)
-    else:
-        if not tokenizer:
-            raise ConfigError("--tokenizer is required for input files (only a packed folder, holding "
-                              "packprep.json, needs none)")
-        report = stats_(list(inputs), tokenizer, max_lens or DEFAULT_MAX_LENS, strategies or DEFAULT_STRATEGIES,
-                        global_batch_size, epochs, num_proc=num_proc, progress=not quiet, format=format_,
-                        **settings)
+    report = stats_(list(inputs), tokenizer, max_lens or None, strategies or None, global_batch_size, epochs,
+                    num_proc=num_proc, progress=not quiet, format=format_, **settings)
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:
@@ -327,7 +325,7 @@ def stats(inputs, tokenizer, max_lens, strategies, global_batch_size, epochs, fo
 
 @main.command("inspect", epilog=EXIT_CODES_HELP)
 @click.argument("folder", type=click.Path(exists=True, file_okay=False))
-@click.option("--row", "-r", default=0, show_default=True, type=int,
+@click.option("--row", "-r", default=_default(inspect_row, "row"), show_default=True, type=int,
               help="Row to show, counted over all shards from 0 (negative: from the end).")
 @click.option("--tokenizer", "-t", default=None, help="Decode with this tokenizer instead of the manifest's.")
 @click.option("--color/--no-color", default=None,
@@ -346,7 +344,5 @@ def inspect_(folder, row, tokenizer, color):
       packprep inspect packed/ --row 17
       packprep inspect packed/ --row -1 --no-color | less
     """
-    from .inspect import inspect_row
-
     text = inspect_row(folder, row, color=color, tokenizer=tokenizer)
     click.echo(text, nl=False, color=True if color else None)

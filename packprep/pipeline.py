@@ -12,7 +12,7 @@ import shutil
 import warnings
 from collections import Counter, deque
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from itertools import islice
 from typing import Iterable, Iterator
 
@@ -62,6 +62,17 @@ class PackConfig:
     consecutive: str = "merge"  # two user or two assistant turns in a row: merge | keep | reject
     system: str = "auto"  # auto: fold into the first user turn where the template renders no system message
 
+    @classmethod
+    def from_settings(cls, settings: dict, command: str = "pack") -> "PackConfig":
+        """The validated config of these settings; an unknown one is a ConfigError naming the known ones."""
+        known = [f.name for f in fields(cls)]
+        unknown = sorted(set(settings) - set(known))
+        if unknown:
+            raise ConfigError(f"unknown setting(s) for {command}: {', '.join(unknown)} (known: {', '.join(known)})")
+        config = cls(**settings)
+        config.validate()
+        return config
+
     def validate(self) -> None:
         check_strategy(self.strategy, self.samples_per_row)
         check_overlong(self.overlong)
@@ -110,8 +121,7 @@ def pack(
     """
     if engine not in ENGINES:
         raise ConfigError(f"--engine must be one of {', '.join(ENGINES)}")
-    config = PackConfig(**settings)
-    config.validate()
+    config = PackConfig.from_settings(settings)
     layout = get_layout(layout)
     sources = resolve_inputs([inputs] if isinstance(inputs, str) else list(inputs))
     folder = OutputFolder(output, overwrite)

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
@@ -259,9 +258,9 @@ def _plan(lens, max_len, strategy, seed, samples_per_row, partition_size, split)
 
 def stats(
     inputs: str | Sequence[str],
-    tokenizer: str,
-    max_lens: Iterable[int] = DEFAULT_MAX_LENS,
-    strategies: Iterable[str] = DEFAULT_STRATEGIES,
+    tokenizer: str | None = None,
+    max_lens: Iterable[int] | None = None,
+    strategies: Iterable[str] | None = None,
     global_batch_size: int = 64,
     epochs: int = 1,
     *,
@@ -273,23 +272,28 @@ def stats(
 
     ``settings`` are the :class:`packprep.PackConfig` fields that shape reading and tokenizing
     (``format``, ``messages_field``, ``text_field``, ``train_on``, ``on_error``) and the what-if
-    (``overlong``, ``seed``, ``samples_per_row``). Nothing is written. Returns a JSON-ready dict
-    (``kind: "inputs"``) that :func:`render_text` and :func:`plot` draw.
+    (``overlong``, ``seed``, ``samples_per_row``). ``max_lens`` and ``strategies`` default to
+    :data:`DEFAULT_MAX_LENS` and :data:`DEFAULT_STRATEGIES`. Nothing is written. Returns a
+    JSON-ready dict (``kind: "inputs"``) that :func:`render_text` and :func:`plot` draw; for a
+    single packed output folder (holding ``packprep.json``), :func:`stats_folder`'s report.
     """
     from .pipeline import Ledger, PackConfig, _check_template, _formats_seen, _source_format, record_policy
     from .read import resolve_inputs
 
-    known = {f.name for f in dataclass_fields(PackConfig)}
-    unknown = sorted(set(settings) - known)
-    if unknown:
-        raise ConfigError(f"unknown setting(s) for stats: {', '.join(unknown)}")
+    paths = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
+    if len(paths) == 1 and is_packed_folder(paths[0]):
+        return stats_folder(paths[0], global_batch_size=global_batch_size, epochs=epochs)
+    if not tokenizer:
+        raise ConfigError("--tokenizer is required for input files (only a packed folder, holding "
+                          "packprep.json, needs none)")
+    max_lens = DEFAULT_MAX_LENS if max_lens is None else max_lens
+    strategies = DEFAULT_STRATEGIES if strategies is None else strategies
     max_lens, strategies = _check_plan(
         max_lens, strategies, global_batch_size, epochs,
         settings.get("overlong", "truncate"), settings.get("samples_per_row"),
     )
-    config = PackConfig(**{**settings, "max_len": max(max_lens)})
-    config.validate()
-    sources = resolve_inputs([inputs] if isinstance(inputs, str) else list(inputs))
+    config = PackConfig.from_settings({**settings, "max_len": max(max_lens)}, "stats")
+    sources = resolve_inputs([str(path) for path in paths])
     tok = load_tokenizer(tokenizer)
     encoder = ChatEncoder(tok, config.train_on, config.tokenizer_backend)
     fields = FieldNames(config.messages_field, config.text_field)

@@ -1,0 +1,162 @@
+"""The ``packprep`` command driven through click's CliRunner: every command's output, exit codes and
+--help examples, and that the CLI adds no policy of its own (the library's defaults and errors)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import packprep
+from packprep.cli import main
+from packprep.errors import EXIT_CONFIG, EXIT_VERIFY, ConfigError
+
+from .conftest import EXAMPLE_CHATS, EXAMPLE_TOKENIZER
+
+COMMANDS = ("pack", "verify", "stats", "inspect", "push", "export")
+
+
+def run(*args) -> object:
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("cli") / "packed"
+    result = run("pack", EXAMPLE_CHATS, "-t", EXAMPLE_TOKENIZER, "--max-len", 512, "-o", out, "-q", "--num-proc", 1)
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_main_help_and_version():
+    result = run("--help")
+    assert result.exit_code == 0
+    assert "packprep pack chats.jsonl" in result.output
+    assert all(command in result.output for command in COMMANDS)
+    assert "Exit codes:" in result.output
+    assert run("--version").output.strip() == f"packprep, version {packprep.__version__}"
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_help_shows_examples_and_exit_codes(command):
+    result = run(command, "--help")
+    assert result.exit_code == 0
+    examples = result.output.split("Example", 1)[1].split("Options:", 1)[0]
+    lines = [line.strip() for line in examples.splitlines() if line.strip().startswith("packprep ")]
+    assert lines and all(line.split()[1] == command for line in lines)
+    assert "Exit codes:" in result.output
+
+
+def test_pack_prints_what_became_of_every_record(packed):
+    manifest = json.loads((packed / "packprep.json").read_text())
+    counts = manifest["counts"]
+    # the summary, as pack prints it, from the manifest's own numbers
+    result = run("pack", EXAMPLE_CHATS, "-t", EXAMPLE_TOKENIZER, "--max-len", 512, "-o", packed, "-q",
+                 "--num-proc", 1, "--overwrite")
+    assert result.exit_code == 0, result.output
+    assert f"read {counts['records']:,} records into {manifest['rows']:,} rows" in result.output
+    assert f"packed whole {counts['packed']:,}, truncated {counts['truncated']:,}" in result.output
+    assert f"rejected {counts['rejected']:,} (see {packed}/rejects.jsonl)" in result.output
+    assert f"next: packprep verify {packed}" in result.output
+
+
+def test_pack_refuses_to_overwrite(packed):
+    before = (packed / "packprep.json").read_bytes()
+    result = run("pack", EXAMPLE_CHATS, "-t", EXAMPLE_TOKENIZER, "-o", packed, "-q")
+    assert result.exit_code == EXIT_CONFIG
+    assert "already exists; pass --overwrite" in result.output
+    assert (packed / "packprep.json").read_bytes() == before
+
+
+def test_pack_bad_choice_is_a_usage_error(tmp_path):
+    result = run("pack", EXAMPLE_CHATS, "-t", EXAMPLE_TOKENIZER, "-o", tmp_path / "o", "--strategy", "ffd")
+    assert result.exit_code == 2 and "'ffd' is not one of" in result.output
+    result = run("pack", EXAMPLE_CHATS, "-t", EXAMPLE_TOKENIZER, "-o", tmp_path / "o", "--strategy", "minibatch")
+    assert result.exit_code == EXIT_CONFIG and "--samples-per-row" in result.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_cli_and_library_pack_the_same_way(packed, tmp_path):
+    """The CLI sets no default of its own: its config is the library's for the same arguments
+    (with --engine ray too: the partition size is the library's)."""
+    manifest = packprep.pack(str(EXAMPLE_CHATS), str(tmp_path / "lib"), str(EXAMPLE_TOKENIZER), max_len=512, num_proc=1)
+    assert json.loads((packed / "packprep.json").read_text())["config"] == manifest["config"]
+    from packprep.cli import pack as pack_command
+
+    defaults = {p.name: p.default for p in pack_command.params if not p.required}
+    assert defaults["engine"] == "local" and defaults["partition_size"] is None
+
+
+def test_verify_ok_json_and_failure(packed, tmp_path):
+    result = run("verify", packed)
+    assert result.exit_code == 0
+    assert result.output.startswith("ok: ") and " rows, " in result.output
+    report = json.loads(run("verify", packed, "--json").output)
+    assert report["ok"] is True and report["failures"] == []
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "packprep.json").write_text("{}")
+    result = CliRunner().invoke(main, ["verify", str(broken)])
+    assert result.exit_code == EXIT_VERIFY
+    assert "[manifest]" in result.output
+
+
+def test_stats_on_inputs_text_and_json():
+    result = run("stats", EXAMPLE_CHATS, "-t", EXAMPLE_TOKENIZER, "--max-len", 256, "--max-len", 512, "-q",
+                 "--num-proc", 1)
+    assert result.exit_code == 0, result.output
+    assert "what if (global batch 64, 1 epoch, --overlong truncate):" in result.output
+    assert max(len(line) for line in result.output.splitlines()) <= 80
+    report = json.loads(run("stats", EXAMPLE_CHATS, "-t", EXAMPLE_TOKENIZER, "--max-len", 512, "--strategy", "greedy",
+                            "-q", "--num-proc", 1, "--json").output)
+    assert [(r["max_len"], r["strategy"]) for r in report["what_if"]["rows"]] == [(512, "greedy")]
+
+
+def test_stats_on_a_packed_folder(packed):
+    result = run("stats", packed)
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith(f"packed folder: {packed}")
+
+
+def test_stats_needs_a_tokenizer_for_inputs():
+    result = CliRunner().invoke(main, ["stats", str(EXAMPLE_CHATS)])
+    assert result.exit_code == EXIT_CONFIG
+    assert "--tokenizer is required" in result.output
+
+
+def test_inspect_row_and_bad_row(packed):
+    result = run("inspect", packed, "--row", 0, "--no-color")
+    assert result.exit_code == 0
+    assert result.output.startswith("row 0 of ")
+    assert "[[" in result.output
+    result = CliRunner().invoke(main, ["inspect", str(packed), "--row", "100000"])
+    assert result.exit_code == EXIT_CONFIG
+
+
+def test_export_writes_another_layout_and_refuses_to_overwrite(packed, tmp_path):
+    out = tmp_path / "trl"
+    result = run("export", packed, "--to", "trl", out)
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("wrote ") and "laid out for trl" in result.output
+    result = CliRunner().invoke(main, ["export", str(packed), "--to", "trl", str(out)])
+    assert result.exit_code == EXIT_CONFIG and "--overwrite" in result.output
+
+
+def test_push_refuses_a_folder_that_fails_verify(tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "packprep.json").write_text("{}")
+    result = CliRunner().invoke(main, ["push", str(broken), "me/repo", "--token", "hf_x"])
+    assert result.exit_code == EXIT_VERIFY
+
+
+@pytest.mark.parametrize("call", ["pack", "stats"])
+def test_an_unknown_setting_is_the_same_config_error(call, tmp_path):
+    with pytest.raises(ConfigError, match=rf"unknown setting\(s\) for {call}: max_length \(known: max_len, "):
+        if call == "pack":
+            packprep.pack(str(EXAMPLE_CHATS), str(tmp_path / "o"), str(EXAMPLE_TOKENIZER), max_length=512)
+        else:
+            packprep.stats(str(EXAMPLE_CHATS), str(EXAMPLE_TOKENIZER), max_length=512)
+    assert not (tmp_path / "o").exists()
