@@ -1,0 +1,189 @@
+"""See the data before spending GPU hours: length statistics and what-if packing plans.
+
+Four parts, each usable alone:
+
+* plan (``whatif.py``): :func:`what_if`, pure: token lengths in, one row per (max_len, strategy)
+  out, planned by pack's own planner and ``--overlong`` rule, so every number is what ``pack``
+  would produce.
+* collect (``collect.py``): encodes inputs through pack's own :class:`packprep.encode.Encoding`
+  (same readers, chat template, labels and rejects) and keeps lengths and label counts; or reads a
+  packed folder's ``seq_lens``.
+* report (``report.py``): :func:`render_text` draws a report for a terminal (80 columns).
+* plot (``plot.py``): :func:`plot` draws it with matplotlib (the ``plot`` extra).
+
+:func:`stats` and :func:`stats_folder` (here) put the first two together into a JSON-ready report.
+
+Definitions used in reports:
+
+``tokens``
+    Tokens of the rendered conversation (chat template applied, special tokens included).
+``supervised``
+    Tokens with a label, not counting position 0 (a packed sequence's first label is always -100).
+``turns``
+    Messages in the normalized conversation (a plain-text record counts as 1).
+``attention_vs_pad``
+    ``sum(len**2)`` over the packed sequences, relative to the same sum for ``pad``: the cost of
+    varlen attention, which packing never raises (it lowers it only when it cuts samples).
+``optimizer_steps``
+    ``ceil(rows / global_batch_size) * epochs``: packing changes this number, so learning rate,
+    warm-up and schedule lengths set in steps must follow it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from ..encode import Encoding, Ledger
+from ..errors import ConfigError
+from ..normalize import CHANGES
+from .collect import collect_folder, collect_inputs, distribution, log_histogram
+from .plot import plot, require_matplotlib
+from .report import render_text
+from .whatif import DEFAULT_MAX_LENS, DEFAULT_STRATEGIES, check_plan, what_if
+
+__all__ = [
+    "DEFAULT_MAX_LENS",
+    "DEFAULT_STRATEGIES",
+    "distribution",
+    "is_packed_folder",
+    "log_histogram",
+    "plot",
+    "render_text",
+    "require_matplotlib",
+    "stats",
+    "stats_folder",
+    "what_if",
+]
+
+
+def stats(
+    inputs: str | Sequence[str],
+    tokenizer: str | None = None,
+    max_lens: Iterable[int] | None = None,
+    strategies: Iterable[str] | None = None,
+    global_batch_size: int = 64,
+    epochs: int = 1,
+    *,
+    num_proc: int | None = None,
+    progress: bool = False,
+    **settings,
+) -> dict:
+    """Length statistics and the what-if table for ``inputs``, tokenized as ``pack`` would.
+
+    ``settings`` are the :class:`packprep.PackConfig` fields that shape reading and tokenizing
+    (``format``, ``messages_field``, ``text_field``, ``train_on``, ``on_error``) and the what-if
+    (``overlong``, ``seed``, ``samples_per_row``). ``max_lens`` and ``strategies`` default to
+    :data:`DEFAULT_MAX_LENS` and :data:`DEFAULT_STRATEGIES`. Nothing is written. Returns a
+    JSON-ready dict (``kind: "inputs"``) that :func:`render_text` and :func:`plot` draw; for a
+    single packed output folder (holding ``packprep.json``), :func:`stats_folder`'s report.
+    """
+    from ..pipeline import PackConfig
+    from ..read import resolve_inputs
+
+    paths = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
+    if len(paths) == 1 and is_packed_folder(paths[0]):
+        return stats_folder(paths[0], global_batch_size=global_batch_size, epochs=epochs)
+    if not tokenizer:
+        raise ConfigError("--tokenizer is required for input files (only a packed folder, holding "
+                          "packprep.json, needs none)")
+    max_lens = DEFAULT_MAX_LENS if max_lens is None else max_lens
+    strategies = DEFAULT_STRATEGIES if strategies is None else strategies
+    max_lens, strategies = check_plan(
+        max_lens, strategies, global_batch_size, epochs,
+        settings.get("overlong", "truncate"), settings.get("samples_per_row"),
+    )
+    config = PackConfig.from_settings({**settings, "max_len": max(max_lens)}, "stats")
+    sources = resolve_inputs([str(path) for path in paths])
+    encoding = Encoding.open(sources, tokenizer, config, min(max_lens))
+    num_proc = max(1, num_proc or os.cpu_count() or 1)
+
+    tally = Ledger(config.on_error)
+    collected = collect_inputs(encoding, tally, max_lens, num_proc, progress)
+    lengths, supervised, turns = collected.lengths, collected.supervised, collected.turns
+    table = what_if(
+        lengths, supervised, max_lens, strategies,
+        supervised_within=collected.within, split_masked=collected.masked, overlong=config.overlong, seed=config.seed,
+        samples_per_row=config.samples_per_row, partition_size=config.partition_size,
+        global_batch_size=global_batch_size, epochs=epochs,
+    )
+    rejected = sum(tally.reasons.values())
+    return {
+        "kind": "inputs",
+        "inputs": [{"path": s.path, "format": tally.formats_seen(number, f), "records": s.records}
+                   for number, (s, f) in enumerate(zip(sources, encoding.formats))],
+        "tokenizer": tokenizer,
+        "train_on": config.train_on,
+        "records": len(tally.status),
+        "conversations": int(len(lengths)),
+        "rejected": rejected,
+        "rejected_by_reason": dict(sorted(tally.reasons.items())),
+        "turns_not_located": tally.turns_not_located,
+        "normalized": {name: tally.changes.get(name, 0) for name in CHANGES},
+        "tokens": {"total": int(lengths.sum()), "supervised": int(supervised.sum())},
+        "distribution": {
+            "tokens": distribution(lengths),
+            "supervised": distribution(supervised),
+            "turns": distribution(turns),
+        },
+        "histogram": {"of": "tokens", "bins": log_histogram(lengths)},
+        "over_max_len": {str(m): int((lengths > m).sum()) for m in max_lens},
+        "what_if": {
+            "global_batch_size": int(global_batch_size),
+            "epochs": int(epochs),
+            "overlong": config.overlong,
+            "seed": config.seed,
+            "rows": table,
+        },
+    }
+
+
+def is_packed_folder(path: str | os.PathLike) -> bool:
+    return Path(path).is_dir() and (Path(path) / "packprep.json").is_file()
+
+
+def stats_folder(folder: str | os.PathLike, global_batch_size: int = 64, epochs: int = 1) -> dict:
+    """Rows, sequences per row, efficiency and fill of a packed output folder (``kind: "packed"``).
+
+    Read from ``packprep.json`` and the shards' ``seq_lens`` column (token columns are not read).
+    """
+    from ..verify import read_manifest
+
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    max_len = int(manifest["config"]["max_len"])
+    if int(global_batch_size) < 1 or int(epochs) < 1:
+        raise ConfigError("--global-batch-size and --epochs must be at least 1")
+    row_lengths, per_row, seq_lengths = collect_folder(folder, manifest)
+    rows = int(len(row_lengths))
+    tokens = int(row_lengths.sum())
+    fill = np.minimum(row_lengths * 10 // max(1, max_len), 10) if rows else np.zeros(0, np.int64)
+    fill_counts = np.bincount(fill, minlength=11)
+    fill_bins = [{"lo": k / 10, "hi": (k + 1) / 10, "count": int(fill_counts[k])} for k in range(10)]
+    fill_bins[-1]["count"] += int(fill_counts[10:].sum())  # exactly full rows (and over-long ones)
+    return {
+        "kind": "packed",
+        "folder": str(folder),
+        "tokenizer": manifest.get("tokenizer", {}).get("name_or_path"),
+        "config": manifest["config"],
+        "records": manifest.get("counts", {}).get("records"),
+        "counts": manifest.get("counts", {}),
+        "rows": rows,
+        "sequences": int(len(seq_lengths)),
+        "tokens": {"total": tokens, "supervised": manifest.get("tokens", {}).get("supervised")},
+        "efficiency": round(tokens / (rows * max_len), 6) if rows else 0.0,
+        "padding_tokens": rows * max_len - tokens,
+        "optimizer_steps": -(-rows // int(global_batch_size)) * int(epochs),
+        "global_batch_size": int(global_batch_size),
+        "epochs": int(epochs),
+        "distribution": {
+            "row_tokens": distribution(row_lengths),
+            "sequences_per_row": distribution(per_row),
+            "sequence_tokens": distribution(seq_lengths),
+        },
+        "histogram": {"of": "sequence tokens", "bins": log_histogram(seq_lengths)},
+        "fill_histogram": fill_bins,
+    }

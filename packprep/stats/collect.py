@@ -1,0 +1,146 @@
+"""stats, collect: the numbers a report is made of.
+
+For inputs, the lengths and label counts of every encoded conversation, encoded by pack's own
+:class:`packprep.encode.Encoding` (same readers, template, labels and rejections). For a packed
+folder, the shards' ``seq_lens``. Plus the two summaries both reports use.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..encode import Encoding, Ledger
+from ..errors import ConfigError, InputError
+from ..progress import Progress
+from ..tokenize import IGNORE_INDEX
+
+
+@dataclass
+class InputLengths:
+    """Per accepted conversation, in input order."""
+
+    lengths: np.ndarray  # tokens
+    supervised: np.ndarray  # trained labels, position 0 not counted
+    turns: np.ndarray  # messages (a plain-text record counts as 1)
+    within: dict[int, np.ndarray]  # per max_len L: supervised tokens within the first L tokens
+    masked: dict[int, np.ndarray]  # per max_len L: trained labels at L, 2L, ... (first labels of pieces)
+
+
+def collect_inputs(encoding: Encoding, ledger: Ledger, max_lens: list[int], num_proc: int = 1,
+                   progress: bool = False) -> InputLengths:
+    """Encode every record as ``pack`` does; keep only lengths and label counts."""
+    lengths: list[int] = []
+    supervised: list[int] = []
+    turns: list[int] = []
+    within: dict[int, list[int]] = {m: [] for m in max_lens}
+    masked: dict[int, list[int]] = {m: [] for m in max_lens}
+    probes = np.asarray(max_lens, dtype=np.int64)
+    with Progress(progress, None, "read+tokenize", "conv") as bar:
+        for batch in encoding.batches(ledger, num_proc):
+            tokens = 0
+            for source_index, record, conversation, item in batch:
+                item = ledger.accept(record, source_index, item)
+                if item is None:
+                    continue
+                ledger.keep(conversation, item)
+                trained = item.labels != IGNORE_INDEX
+                trained[0] = False  # a packed sequence's first label is always -100
+                cumulative = np.cumsum(trained, dtype=np.int64)
+                n = len(item.input_ids)
+                tokens += n
+                lengths.append(n)
+                supervised.append(int(cumulative[-1]))
+                turns.append(len(conversation.messages) if conversation.messages is not None else 1)
+                # supervised tokens that survive truncation to each max_len
+                for m, value in zip(max_lens, cumulative[np.minimum(probes, n) - 1].tolist()):
+                    within[m].append(value)
+                    # trained labels at L, 2L, ...: the first labels of its pieces under split
+                    masked[m].append(int(trained[m::m].sum()) if n > m else 0)
+            bar.update(len(batch), tokens)
+    as_array = lambda values: np.asarray(values, dtype=np.int64)  # noqa: E731
+    return InputLengths(as_array(lengths), as_array(supervised), as_array(turns),
+                        {m: as_array(v) for m, v in within.items()}, {m: as_array(v) for m, v in masked.items()})
+
+
+def collect_folder(folder: Path, manifest: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(tokens per row, sequences per row, tokens per sequence) of a packed folder, from ``seq_lens``
+    alone (token columns are not read)."""
+    import pyarrow.compute as pc
+
+    row_lengths, per_row, seq_lengths = [], [], []
+    for shard in manifest["shards"]:
+        table = _read_column(folder / shard["path"], "seq_lens", manifest.get("layout"))
+        column = table.column("seq_lens")
+        flat = pc.list_flatten(column).to_numpy(zero_copy_only=False).astype(np.int64)
+        counts = pc.list_value_length(column).to_numpy(zero_copy_only=False).astype(np.int64)
+        offsets = np.concatenate([[0], np.cumsum(counts)])
+        sums = np.concatenate([[0], np.cumsum(flat)])
+        row_lengths.append(sums[offsets[1:]] - sums[offsets[:-1]])
+        per_row.append(counts)
+        seq_lengths.append(flat)
+    join = lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64)  # noqa: E731
+    return join(row_lengths), join(per_row), join(seq_lengths)
+
+
+def _read_column(path: Path, column: str, layout: str | None = None):
+    import pyarrow as pa
+
+    from ..layout import LayoutError, ShardReader
+
+    try:
+        return ShardReader(path, layout).read([column])
+    except LayoutError as exc:
+        raise ConfigError(str(exc)) from None
+    except (OSError, pa.ArrowException, KeyError) as exc:
+        raise InputError(f"{path}: cannot read column {column!r} ({exc}); run packprep verify") from exc
+
+
+def distribution(values) -> dict:
+    """count, mean, p50, p90, p99, min and max of ``values`` (percentiles are data values)."""
+    arr = np.asarray(values, dtype=np.int64)
+    if arr.size == 0:
+        return {"count": 0, "mean": 0.0, "p50": 0, "p90": 0, "p99": 0, "min": 0, "max": 0, "sum": 0}
+    p50, p90, p99 = (int(v) for v in np.percentile(arr, [50, 90, 99], method="inverted_cdf"))
+    return {
+        "count": int(arr.size),
+        "mean": round(float(arr.mean()), 2),
+        "p50": p50,
+        "p90": p90,
+        "p99": p99,
+        "min": int(arr.min()),
+        "max": int(arr.max()),
+        "sum": int(arr.sum()),
+    }
+
+
+def log_histogram(values, bins_per_octave: int | None = None) -> list[dict]:
+    """Counts of ``values`` (integers >= 1) in log-scaled bins ``[lo, hi)``.
+
+    Bins are 1, 2 or 4 per doubling, chosen so the histogram has about 8–24 bins; edges are
+    integers. Empty leading and trailing bins are omitted, inner empty bins are kept.
+    """
+    arr = np.asarray(values, dtype=np.int64)
+    arr = arr[arr >= 1]
+    if arr.size == 0:
+        return []
+    lo_exp = math.log2(int(arr.min()))
+    hi_exp = math.log2(int(arr.max()) + 1)
+    if bins_per_octave is None:
+        octaves = max(hi_exp - lo_exp, 1.0)
+        bins_per_octave = 1 if octaves > 12 else 2 if octaves > 5 else 4
+    k0 = math.floor(lo_exp * bins_per_octave)
+    k1 = math.ceil(hi_exp * bins_per_octave)
+    edges = np.unique(np.round(2.0 ** (np.arange(k0, k1 + 1) / bins_per_octave)).astype(np.int64))
+    if edges[-1] <= arr.max():
+        edges = np.append(edges, int(arr.max()) + 1)
+    counts = np.bincount(np.searchsorted(edges, arr, side="right") - 1, minlength=len(edges) - 1)
+    nonzero = np.flatnonzero(counts)
+    first, last = int(nonzero[0]), int(nonzero[-1])
+    edges[last + 1] = min(int(edges[last + 1]), int(arr.max()) + 1)  # the last bin ends at the maximum
+    return [
+        {"lo": int(edges[i]), "hi": int(edges[i + 1]), "count": int(counts[i])} for i in range(first, last + 1)
+    ]

@@ -1,0 +1,157 @@
+"""stats, the plan: what ``pack`` would produce for each max_len × strategy, from lengths alone.
+
+Pure: it plans with pack's own planner (:func:`packprep.plan.plan_bins`) and ``--overlong`` rule
+(:func:`packprep.plan.overlong_fates`), so rows, tokens, padding, lost tokens and optimizer steps
+are exactly what ``pack`` produces.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..packing import STRATEGY_TABLE, split_pieces
+from ..plan import TRUNCATED, check_overlong, check_strategy, overlong_fates, plan_bins
+
+DEFAULT_MAX_LENS = (1024, 2048, 4096, 8192, 16384)
+DEFAULT_STRATEGIES = ("pad", "random", "greedy")
+
+
+def check_plan(max_lens, strategies, global_batch_size, epochs, overlong, samples_per_row) -> tuple[list, list]:
+    max_lens = sorted({int(m) for m in max_lens})
+    if not max_lens:
+        raise ConfigError("give at least one --max-len")
+    if max_lens[0] < 2:
+        raise ConfigError("--max-len must be at least 2")
+    strategies = list(dict.fromkeys(strategies))
+    if not strategies:
+        raise ConfigError("give at least one strategy")
+    for strategy in strategies:
+        check_strategy(strategy, samples_per_row)
+    if int(global_batch_size) < 1:
+        raise ConfigError("--global-batch-size must be at least 1")
+    if int(epochs) < 1:
+        raise ConfigError("--epochs must be at least 1")
+    check_overlong(overlong)
+    return max_lens, strategies
+
+
+def what_if(
+    lengths,
+    supervised=None,
+    max_lens: Iterable[int] = DEFAULT_MAX_LENS,
+    strategies: Iterable[str] = DEFAULT_STRATEGIES,
+    *,
+    supervised_within: Mapping[int, np.ndarray] | None = None,
+    split_masked: Mapping[int, np.ndarray] | None = None,
+    overlong: str = "truncate",
+    seed: int = 0,
+    samples_per_row: int | None = None,
+    partition_size: int | None = None,
+    global_batch_size: int = 64,
+    epochs: int = 1,
+) -> list[dict]:
+    """What ``pack`` would produce for each ``max_len`` × ``strategy``, from lengths alone.
+
+    Args:
+        lengths: token count of each accepted sample (1-D, every value >= 1).
+        supervised: supervised tokens of each sample (labels other than -100, position 0 not
+            counted); optional, only feeds the ``supervised_tokens`` column.
+        supervised_within: for a max_len ``L``, the supervised tokens of each sample within its
+            first ``L`` tokens (what survives truncation). With it, truncation is exact: a sample
+            left with no supervised token is rejected, as ``pack`` does. Without it, truncated
+            samples are assumed to keep ``min(supervised, L - 1)`` and never to be rejected.
+        split_masked: for a max_len ``L``, the supervised tokens of each sample at positions
+            ``L, 2L, ...``: the first labels of its pieces under ``--overlong split``, which
+            become -100. With it, ``supervised_tokens`` is exact under split.
+        overlong: ``truncate``, ``drop`` or ``split``, as ``pack --overlong``.
+        seed, samples_per_row, partition_size: as ``pack`` (``random`` and ``minibatch`` use the
+            first two; ``partition_size`` packs each run of that many samples on its own).
+
+    Returns one dict per (max_len, strategy), max_len ascending, strategies in the given order:
+    ``rows``, ``tokens``, ``efficiency`` (tokens / (rows × max_len)), ``padding_tokens`` (if every
+    row is padded to max_len), ``overlong_samples`` and ``overlong_tokens_lost`` (``rejected``: the
+    truncated samples left with nothing to train on), ``sequences`` and ``samples_per_row`` (pieces
+    count separately when samples are cut), ``supervised_tokens`` (``supervised_exact`` is False
+    where ``random`` cuts samples, or under split without ``split_masked``: a piece's first label
+    becomes -100, so the true count is lower by at most one per piece),
+    ``optimizer_steps``, ``attention_cost`` (sum of len² over packed sequences) and
+    ``attention_vs_pad``.
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if lengths.ndim != 1:
+        raise ValueError("lengths must be 1-D")
+    if lengths.size and int(lengths.min()) < 1:
+        raise ValueError("every length must be >= 1")
+    supervised = np.zeros_like(lengths) if supervised is None else np.asarray(supervised, dtype=np.int64)
+    if supervised.shape != lengths.shape:
+        raise ValueError("supervised must have one value per length")
+    max_lens, strategies = check_plan(max_lens, strategies, global_batch_size, epochs, overlong, samples_per_row)
+    global_batch_size, epochs = int(global_batch_size), int(epochs)
+    table = []
+    for max_len in max_lens:
+        over = lengths > max_len
+        n_over = int(over.sum())
+        if supervised_within is not None and max_len in supervised_within:
+            within = np.asarray(supervised_within[max_len], dtype=np.int64)
+        else:
+            within = np.where(over, np.minimum(supervised, max_len - 1), supervised)
+        fates = overlong_fates(lengths, max_len, overlong, within)
+        keep = fates <= TRUNCATED
+        cut = fates == TRUNCATED
+        lens = np.where(cut, max_len, lengths)[keep]
+        # truncated samples lose what is past max_len; rejected ones lose everything
+        lost = int(lengths[~keep].sum()) + int(lengths[cut].sum()) - max_len * int(cut.sum())
+        sup = int((within if overlong == "truncate" else supervised)[keep].sum())
+        masked, split_exact = 0, not n_over
+        if overlong == "split" and n_over and split_masked is not None and max_len in split_masked:
+            masked, split_exact = int(np.asarray(split_masked[max_len], dtype=np.int64).sum()), True
+        rejected = int((~keep).sum())
+        tokens = int(lens.sum())
+        pieces = None
+        if overlong == "split" and n_over:
+            _, _, pieces = split_pieces(lens, max_len)
+        pad_attention = int(np.square(pieces if pieces is not None else lens).sum())
+        for strategy in strategies:
+            entry, row_lengths = _plan(lens, max_len, strategy, seed, samples_per_row, partition_size,
+                                       split=overlong == "split")
+            rows = len(row_lengths)
+            width = max(max_len, int(row_lengths.max()) if rows else 0)
+            sup_here, exact = sup, True
+            if pieces is not None and not STRATEGY_TABLE[strategy].rows_may_exceed_max_len:
+                sup_here, exact = sup - masked, split_exact  # first labels of pieces become -100
+            if STRATEGY_TABLE[strategy].cuts_samples and len(entry) > (len(pieces) if pieces is not None else len(lens)):
+                exact = False  # the strategy cut samples at places only the labels know
+            attention = int(np.square(entry).sum())
+            table.append(
+                {
+                    "max_len": max_len,
+                    "strategy": strategy,
+                    "rows": rows,
+                    "tokens": tokens,
+                    "efficiency": round(tokens / (rows * width), 6) if rows else 0.0,
+                    "padding_tokens": rows * width - tokens,
+                    "overlong_samples": n_over,
+                    "overlong_tokens_lost": lost,
+                    "rejected": rejected,
+                    "sequences": int(len(entry)),
+                    "samples_per_row": round(len(entry) / rows, 3) if rows else 0.0,
+                    "supervised_tokens": sup_here,
+                    "supervised_exact": exact,
+                    "optimizer_steps": -(-rows // global_batch_size) * epochs,
+                    "attention_cost": attention,
+                    "attention_vs_pad": round(attention / pad_attention, 4) if pad_attention else 0.0,
+                }
+            )
+    return table
+
+
+def _plan(lens, max_len, strategy, seed, samples_per_row, partition_size, split) -> tuple[np.ndarray, np.ndarray]:
+    """(length of every packed sequence or piece, length of every row), exactly as ``pack`` packs ``lens``."""
+    if len(lens) == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    bins = plan_bins(lens, max_len, strategy, seed=seed, samples_per_row=samples_per_row,
+                     overlong="split" if split else "truncate", partition_size=partition_size)
+    return bins.entry_lengths(lens), bins.bin_lengths(lens)
