@@ -243,7 +243,7 @@ def _manifest(config, encoding: Encoding, ledger, store, segments, shards) -> di
             for number, (s, f) in enumerate(zip(encoding.sources, encoding.formats))
         ],
         "tokenizer": {**tokenizer_fingerprint(encoding.tokenizer, encoding.tokenizer_name),
-                      "backend": encoding.encoder.backends_summary},
+                      "backend": encoding.encoder.backends_summary, "rendering": encoding.encoder.template.name},
         "counts": {
             "records": len(ledger.status),
             **fates,

@@ -19,6 +19,7 @@ import numpy as np
 from .errors import ConfigError, PackprepError
 from .normalize import Conversation, Rejected
 from .render import ChatTemplate, Rendered, render_conversation
+from .render_onepass import choose_template
 
 TRAIN_ON = ("assistant", "last", "all")
 BACKENDS = ("auto", "hf", "tiktoken")
@@ -88,7 +89,7 @@ class ChatEncoder:
             raise ConfigError(f"--tokenizer-backend must be one of {BACKENDS}, not {backend!r}")
         self.tokenizer = tokenizer
         self.train_on = train_on
-        self.template = ChatTemplate(tokenizer)
+        self.template = choose_template(tokenizer)  # the one-pass accelerator where it agrees with the reference
         self._backend = tokenizer.backend_tokenizer if hasattr(tokenizer, "backend_tokenizer") else None
         self.eos_token_id = tokenizer.eos_token_id
         self.requested_backend = backend

@@ -13,11 +13,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers.utils.chat_template_utils import render_jinja_template
 
+import packprep
 from packprep.normalize import Conversation, Rejected
+from packprep.render import ChatTemplate
+from packprep.render_onepass import OnePassTemplate, choose_template
 from packprep.tokenize import ChatEncoder, load_tokenizer
 
-from .conftest import EXAMPLE_TOKENIZER, fixture_tokenizer, needs_fixtures
+from .conftest import EXAMPLE_CHATS, EXAMPLE_TOKENIZER, fixture_tokenizer, needs_fixtures
+from .conftest import FIXTURES
 from .test_labels_reference import FILES, conversations
+
+TOKENIZERS_PRESENT = FIXTURES.is_dir()
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -192,3 +198,52 @@ def test_real_templates_render_each_conversation_once(tokenizer_name):
     assert rendered > 500
     # qwen2.5 peeks ahead (loop.last) after tool messages only; no other template ever looks ahead
     assert encoder.template.prefix_renders <= (tool_turns if tokenizer_name == "qwen2.5" else 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# the accelerator is optional, checked, and never silently off
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["example", "llama3", "qwen2.5", "mistral-7b-v0.1", "llama2", "gpt2"])
+def test_the_one_pass_accelerator_runs_with_the_installed_jinja(name):
+    """Fails loudly when an upgrade takes away what render_onepass relies on (Jinja's compiled
+    render function, its loop context), instead of every run silently rendering the slow way."""
+    if name != "example" and not TOKENIZERS_PRESENT:
+        pytest.skip("../shared/fixtures is not beside the repo")
+    tok = load_tokenizer(str(EXAMPLE_TOKENIZER) if name == "example" else fixture_tokenizer(name))
+    OnePassTemplate(tok)  # raises Unavailable, saying why, where it cannot be built
+    encoder = ChatEncoder(tok, backend="hf")
+    assert isinstance(encoder.template, OnePassTemplate) and encoder.template.name == "one-pass"
+
+
+def _pack(tmp_path, name):
+    out = tmp_path / name
+    manifest = packprep.pack(str(EXAMPLE_CHATS), str(out), str(EXAMPLE_TOKENIZER), max_len=512, num_proc=1)
+    return manifest, {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*.parquet"))}
+
+
+def test_without_the_accelerator_the_reference_runs_says_so_and_gives_the_same_bytes(tmp_path, monkeypatch):
+    import packprep.render_onepass as render_onepass
+
+    fast_manifest, fast_shards = _pack(tmp_path, "fast")
+    assert fast_manifest["tokenizer"]["rendering"] == "one-pass"
+
+    def changed_jinja(environment, source):  # what a Jinja release without the internals the watch uses does
+        raise AttributeError("'Template' object has no attribute 'root_render_func'")
+
+    monkeypatch.setattr(render_onepass, "_watchable", changed_jinja)
+    with pytest.warns(UserWarning, match="reference way.*Jinja differs.*root_render_func"):
+        manifest, shards = _pack(tmp_path, "reference")
+    assert manifest["tokenizer"]["rendering"] == "reference"
+    assert shards == fast_shards
+
+
+def test_an_accelerator_that_disagrees_with_the_reference_is_not_used(tok, monkeypatch):
+    tok.chat_template = CHATML
+    assert isinstance(choose_template(tok), OnePassTemplate)
+    render = OnePassTemplate.render
+    monkeypatch.setattr(OnePassTemplate, "render", lambda self, *args: render(self, *args).replace("\n", "\r\n"))
+    with pytest.warns(UserWarning, match="differently from the reference"):
+        template = choose_template(tok)
+    assert type(template) is ChatTemplate and template.name == "reference"
