@@ -20,6 +20,7 @@ from .packing import ROW_ORDERS, STRATEGIES, STRATEGY_TABLE
 from .inspect import inspect_row
 from .pipeline import ENGINES, ON_ERROR, PackConfig, pack as pack_
 from .stats import DEFAULT_MAX_LENS, DEFAULT_STRATEGIES, stats as stats_
+from .verify import verify as verify_
 from .plan import OVERLONG
 from .tokenize import BACKENDS, TRAIN_ON
 from .write import SHARD_FORMATS
@@ -171,29 +172,37 @@ def pack(inputs, tokenizer, output, format_, num_proc, engine, ray_address, push
 
 @main.command(epilog=EXIT_CODES_HELP)
 @click.argument("folder", type=click.Path(exists=True, file_okay=False))
+@click.option("--retokenize", default=_default(verify_, "retokenize"), type=int, metavar="N",
+              help="Also rebuild N random sequences from the input records with transformers' own tokenizer "
+              "and renderer, and compare ids and labels (the inputs must be readable from here).")
+@click.option("--seed", default=_default(verify_, "seed"), show_default=True, type=int,
+              help="Seed of the --retokenize sample.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def verify(folder, as_json):
+def verify(folder, retokenize, seed, as_json):
     """Re-read every shard of FOLDER and check the output contract.
 
     \b
     Checks: manifest and shard hashes, the row schema, position ids restarting
     at each packed sequence, the first label of each sequence being -100, labels
     equal to input ids or -100, rows within max_len, and that every input record
-    is packed or rejected. Exits 0 only if all hold.
+    is packed or rejected. With --retokenize N, N random sequences are also
+    rebuilt from their input records and compared. Exits 0 only if all hold.
 
     \b
-    Example:
+    Examples:
       packprep verify packed/
+      packprep verify packed/ --retokenize 200
     """
     from .errors import EXIT_VERIFY
-    from .verify import verify as verify_
 
-    report = verify_(folder)
+    report = verify_(folder, retokenize=retokenize, seed=seed)
     if as_json:
         click.echo(json.dumps({"ok": report.ok, "rows": report.rows, "sequences": report.sequences,
-                               "tokens": report.tokens, "failures": [vars(f) for f in report.failures]}, indent=2))
+                               "tokens": report.tokens, "retokenized": report.retokenized,
+                               "failures": [vars(f) for f in report.failures]}, indent=2))
     elif report.ok:
-        click.echo(f"ok: {report.rows:,} rows, {report.sequences:,} sequences, {report.tokens:,} tokens")
+        click.echo(f"ok: {report.rows:,} rows, {report.sequences:,} sequences, {report.tokens:,} tokens"
+                   + (f"; {report.retokenized:,} sequences equal their records re-tokenized" if retokenize else ""))
     else:
         for failure in report.failures:
             click.echo(str(failure), err=True)

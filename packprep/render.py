@@ -52,13 +52,16 @@ class ChatTemplate:
 
     name = "reference"  # what the manifest records as the rendering that ran
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, *, transformers: bool = False):
+        """``transformers=True``: render with transformers' own ``render_jinja_template`` (what
+        ``apply_chat_template`` calls) instead of packprep's compiled copy: an independent check."""
         template = getattr(tokenizer, "chat_template", None)
         if isinstance(template, dict):
             template = template.get("default")
         self.source = template
         self._special = dict(tokenizer.special_tokens_map)
-        self._compiled = self._compile(template) if template else None
+        self._transformers = transformers
+        self._compiled = self._compile(template) if template and not transformers else None
         self.prefix_renders = 0  # prefixes rendered on their own
 
     @staticmethod
@@ -72,6 +75,12 @@ class ChatTemplate:
 
     def render(self, messages: list[dict], tools: list | None, add_generation_prompt: bool = False) -> str:
         try:
+            if self._transformers:
+                from transformers.utils.chat_template_utils import render_jinja_template
+
+                texts, _ = render_jinja_template(conversations=[messages], tools=tools, chat_template=self.source,
+                                                 add_generation_prompt=add_generation_prompt, **self._special)
+                return texts[0]
             return self._compiled.render(
                 messages=messages, tools=tools, documents=None, add_generation_prompt=add_generation_prompt,
                 **self._special,

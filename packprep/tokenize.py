@@ -78,7 +78,9 @@ class ChatEncoder:
     tokenizer, see tiktoken_backend; ConfigError if none can be made) or "auto" (tiktoken when it can
     be made and agrees with HF on a built-in sample, else HF with a warning). On the tiktoken path the
     first texts encoded (``GUARD_CHARS``) are checked against HF too, ids and labels; on a difference
-    the encoder switches to HF for good. Either way the output is what HF alone would give.
+    the encoder switches to HF for good. Either way the output is what HF alone would give; past the
+    guard that rests on the conversion being exact, which ``packprep verify --retokenize N`` checks
+    on any output (retokenize.py shares nothing with this path).
     ``backend_name`` is the backend in use.
     """
 

@@ -17,6 +17,8 @@ Checks (each failure names the shard, the row and the check):
 * ``source_index`` every index is a record of the input
 * ``coverage``     every input record is packed or listed in rejects.jsonl, never both
 * ``counts``       the manifest's counts add up to the records read, and match rows, sequences, tokens and rejects
+* ``retokenize``   (``retokenize=N``) N random sequences equal their input records rendered and tokenized
+                   again with nothing the writer's fast paths use (see retokenize.py)
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ CHECKS = (
     "source_index",
     "coverage",
     "counts",
-)
+)  # and, when asked for (retokenize=N), "retokenize": tests/test_retokenize.py corrupts for it
 
 
 @dataclass
@@ -68,14 +70,19 @@ class Report:
     rows: int = 0
     sequences: int = 0
     tokens: int = 0
+    retokenized: int = 0  # sequences checked against their re-tokenized input records
 
     @property
     def ok(self) -> bool:
         return not self.failures
 
 
-def verify(folder: str | Path, check_hashes: bool = True) -> Report:
-    """Check ``folder`` against the output contract; never raises on bad data, reports it."""
+def verify(folder: str | Path, check_hashes: bool = True, retokenize: int = 0, seed: int = 0) -> Report:
+    """Check ``folder`` against the output contract; never raises on bad data, reports it.
+
+    ``retokenize=N`` also rebuilds N randomly chosen sequences (``seed``) from the input records
+    the manifest names and compares ids and labels (the inputs must be readable from here).
+    """
     folder = Path(folder)
     report = Report()
     manifest = _load_manifest(folder, report)
@@ -117,6 +124,11 @@ def verify(folder: str | Path, check_hashes: bool = True) -> Report:
     indices_valid = not any(f.check == "source_index" for f in report.failures)
     _check_coverage(folder, manifest, seen, report, judge_packed=complete and indices_valid)
     _check_counts(manifest, report, supervised if complete else None)
+    if retokenize > 0 and complete:
+        from .retokenize import retokenize_check
+
+        report.retokenized, failures = retokenize_check(folder, manifest, retokenize, seed)
+        report.failures.extend(Failure("retokenize", message, shard, row) for shard, message, row in failures)
     return report
 
 

@@ -1,0 +1,173 @@
+"""``verify --retokenize N``: check the content of a packed folder against its inputs, independently.
+
+A random sample of N packed sequences is rebuilt from the input records the manifest names, with
+nothing the writer's fast paths use: the tokenizer loaded by transformers itself (no tiktoken, no
+folder loader), the chat template rendered by transformers' own renderer (what
+``apply_chat_template`` calls), every prefix on its own (the label definition in render.py, no one-pass accelerator), and tokens mapped
+to labels from their character offsets. Each sampled sequence's ``input_ids`` must be a slice of
+that re-tokenization (the whole of it, its first ``max_len`` tokens, or a piece of it) and its
+labels the same slice of the re-made labels, with ``-100`` at the sequence's first token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import islice
+from pathlib import Path
+
+import numpy as np
+
+from .layout import ShardReader
+from .normalize import FieldNames, Policy, Rejected, detect_format, fit_to_template, normalize
+from .read import file_sha256, read_records, resolve_inputs
+from .render import ChatTemplate, Rendered, render_conversation
+from .tokenize import IGNORE_INDEX, load_tokenizer
+
+
+@dataclass
+class Sampled:
+    """One packed sequence of the shards."""
+
+    shard: str
+    row: int  # within its shard
+    start: int  # first token within its row
+    length: int
+    source_index: int
+    input_ids: np.ndarray | None = None
+    labels: np.ndarray | None = None
+
+
+def retokenize_check(folder: Path, manifest: dict, n: int, seed: int = 0) -> tuple[int, list[tuple[str, str, int | None]]]:
+    """Check ``n`` randomly chosen sequences; return (sequences checked, [(shard, message, row)] failures)."""
+    sample = _sample(folder, manifest, n, seed)
+    _read_tokens(folder, manifest, sample)
+    records = _records(manifest, sorted({s.source_index for s in sample}))
+    config = manifest["config"]
+    tokenizer = load_tokenizer(manifest["tokenizer"]["name_or_path"], transformers=True)
+    template = ChatTemplate(tokenizer, transformers=True)
+    fields = FieldNames(config.get("messages_field"), config.get("text_field", "text"))
+    policies = (config.get("leading_assistant", "drop"), config.get("consecutive", "merge"))
+    policy = fit_to_template(template.render, *policies, config.get("system", "auto")) if template.source \
+        else Policy(*policies)  # fitted to the template as pack fits it, here through transformers' renderer
+    remade: dict[int, tuple[np.ndarray, np.ndarray] | str] = {}
+    failures = []
+    for seq in sample:
+        if seq.source_index not in remade:
+            remade[seq.source_index] = _remake(records[seq.source_index], fields, policy, config.get("format"), template,
+                                               tokenizer, config["train_on"])
+        problem = _compare(seq, remade[seq.source_index])
+        if problem:
+            where = records[seq.source_index][0]
+            failures.append((seq.shard, f"sequence of {where}: {problem}", seq.row))
+    return len(sample), failures
+
+
+def _sample(folder: Path, manifest: dict, n: int, seed: int) -> list[Sampled]:
+    """``n`` sequences chosen uniformly (all if there are fewer), in shard order."""
+    import pyarrow.compute as pc
+
+    per_shard = []
+    for shard in manifest["shards"]:
+        table = ShardReader(folder / shard["path"], manifest.get("layout")).read(["seq_lens", "source_index"])
+        lens = table.column("seq_lens")
+        counts = pc.list_value_length(lens).to_numpy(zero_copy_only=False).astype(np.int64)
+        flat = pc.list_flatten(lens).to_numpy(zero_copy_only=False).astype(np.int64)
+        sources = pc.list_flatten(table.column("source_index")).to_numpy(zero_copy_only=False).astype(np.int64)
+        rows = np.repeat(np.arange(len(counts)), counts)
+        row_first = np.concatenate([[0], np.cumsum(counts)])[rows]  # first sequence of each sequence's row
+        ends = np.cumsum(flat)
+        starts = ends - flat - np.concatenate([[0], ends])[row_first]
+        per_shard.append((shard["path"], rows, starts, flat, sources))
+    total = sum(len(p[1]) for p in per_shard)
+    chosen = np.sort(np.random.default_rng(seed).choice(total, size=min(n, total), replace=False))
+    sample, first = [], 0
+    for path, rows, starts, lens, sources in per_shard:
+        for k in chosen[(chosen >= first) & (chosen < first + len(rows))] - first:
+            sample.append(Sampled(path, int(rows[k]), int(starts[k]), int(lens[k]), int(sources[k])))
+        first += len(rows)
+    return sample
+
+
+def _read_tokens(folder: Path, manifest: dict, sample: list[Sampled]) -> None:
+    """Fill in each sampled sequence's input_ids and labels."""
+    for path in dict.fromkeys(s.shard for s in sample):
+        table = ShardReader(folder / path, manifest.get("layout")).read(["input_ids", "labels"])
+        for seq in (s for s in sample if s.shard == path):
+            span = slice(seq.start, seq.start + seq.length)
+            seq.input_ids = np.asarray(table.column("input_ids")[seq.row].values.to_numpy(), np.int64)[span]
+            seq.labels = np.asarray(table.column("labels")[seq.row].values.to_numpy(), np.int64)[span]
+
+
+def _records(manifest: dict, wanted: list[int]) -> dict[int, tuple[str, object, str]]:
+    """source_index -> (where, record data, format), or (where, None, why it cannot be read), from the
+    inputs the manifest names."""
+    found: dict[int, tuple[str, object, str]] = {}
+    first = 0
+    for entry in manifest["inputs"]:
+        mine = {i - first: i for i in wanted if first <= i < first + entry["records"]}
+        first += entry["records"]
+        if not mine:
+            continue
+        path, records, why = entry["path"], {}, None
+        try:
+            if entry.get("sha256") and Path(path).is_file() and file_sha256(path) != entry["sha256"]:
+                why = f"{path} changed since it was packed (sha256 differs)"
+            else:
+                (source,) = resolve_inputs([path])
+                records = {k: r for k, r in enumerate(islice(read_records(source), max(mine) + 1)) if k in mine}
+        except Exception as exc:  # the input moved, or cannot be read from here
+            why = f"cannot read {path} ({exc}); run verify where pack ran"
+        for k, i in mine.items():
+            record = records.get(k)
+            where = f"{path}, line {record.line}" if record is not None and record.line else f"{path}, record {k}"
+            found[i] = (where, None, why or "the record is missing") if record is None else (where, record.data, entry["format"])
+    return found
+
+
+def _remake(found, fields, policy, forced, template, tokenizer, train_on) -> tuple[np.ndarray, np.ndarray] | str:
+    """(ids, labels) of the record as the definition makes them, or why they cannot be made."""
+    _, data, fmt = found
+    if data is None:
+        return fmt  # why it could not be read
+    fmt = forced or detect_format(data, fields) or fmt.split("+")[0]  # told per record, as pack tells it
+    try:
+        rendered = render_conversation(template, normalize(data, fmt, fields, policy), train_on)
+    except Rejected as exc:
+        return f"the record is rejected when rendered again ({exc})"
+    return _labelled(rendered, tokenizer)
+
+
+def _labelled(rendered: Rendered, tokenizer) -> tuple[np.ndarray, np.ndarray]:
+    """Tokenize with the tokenizer itself; a token is trained when its first character is in a trained span."""
+    encoding = tokenizer(rendered.text, add_special_tokens=rendered.add_special_tokens, return_offsets_mapping=True)
+    ids = np.asarray(encoding["input_ids"], np.int64)
+    if rendered.train_all:
+        eos = tokenizer.eos_token_id
+        if rendered.add_special_tokens and eos is not None and (len(ids) == 0 or ids[-1] != eos):
+            ids = np.append(ids, eos)
+        return ids, ids.copy()
+    starts = np.asarray([start for start, _ in encoding["offset_mapping"]], np.int64)
+    trained = np.zeros(len(ids), bool)
+    for first, last in rendered.spans:
+        trained |= (starts >= first) & (starts < last)
+    return ids, np.where(trained, ids, IGNORE_INDEX)
+
+
+def _compare(seq: Sampled, remade) -> str | None:
+    if isinstance(remade, str):
+        return remade
+    ids, labels = remade
+    n = seq.length
+    offsets = [o for o in np.flatnonzero(ids[: len(ids) - n + 1] == seq.input_ids[0]).tolist()
+               if np.array_equal(ids[o : o + n], seq.input_ids)]
+    if not offsets:
+        return f"its {n} token ids are not a slice of the record re-tokenized ({len(ids)} tokens)"
+    if seq.labels[0] != IGNORE_INDEX:
+        return "its first label is not -100"
+    for o in offsets:
+        if np.array_equal(labels[o + 1 : o + n], seq.labels[1:]):
+            return None
+    o = offsets[0]
+    k = int(np.flatnonzero(labels[o + 1 : o + n] != seq.labels[1:])[0]) + 1
+    return (f"labels differ from the record re-tokenized at token {k} of {n} "
+            f"(shard {int(seq.labels[k])}, re-made {int(labels[o + k])})")

@@ -1,0 +1,102 @@
+"""``verify --retokenize N``: passes on real data with real tokenizers, and catches what the row
+checks cannot: labels shifted by one token, still equal to their input ids."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+import packprep
+from packprep.cli import main
+from packprep.errors import EXIT_VERIFY
+from packprep.read import file_sha256
+
+from .conftest import CONVERSATIONS, EXAMPLE_CHATS, EXAMPLE_TOKENIZER, fixture_tokenizer, needs_fixtures
+from .test_labels_reference import FILES
+
+TOKENIZERS = ["llama3", "qwen2.5", "mistral-7b-v0.1", "llama2", "gpt2"]
+# each file packed a different way, so that whole, truncated and cut sequences are all checked
+SETTINGS = {
+    "fastchat_dummy_conversation.json": {"max_len": 1024},
+    "llamafactory_dpo_en_demo.json": {"max_len": 512, "overlong": "split"},
+    "llamafactory_glaive_toolcall_en_demo.json": {"max_len": 1024, "strategy": "bfd"},
+    "llamafactory_kto_en_demo.json": {"max_len": 256, "overlong": "truncate"},
+    "medicalgpt_sharegpt_zh_1K_format.jsonl": {"max_len": 2048, "strategy": "random", "overlong": "split"},
+}
+
+
+@needs_fixtures
+@pytest.mark.parametrize("name", FILES)
+@pytest.mark.parametrize("tokenizer", TOKENIZERS)
+def test_every_fixture_file_with_every_tokenizer_retokenizes_equal(tmp_path, tokenizer, name):
+    out = tmp_path / "out"
+    packprep.pack(str(CONVERSATIONS / name), str(out), fixture_tokenizer(tokenizer), num_proc=1, **SETTINGS[name])
+    report = packprep.verify(out, retokenize=200)
+    assert report.ok, [str(f) for f in report.failures[:3]]
+    assert report.retokenized == min(200, report.sequences)
+
+
+def shift_labels_by_one(folder):
+    """Move every sequence's trained positions one token later: labels still equal their input ids
+    or -100 and every first label stays -100, so only a check against the inputs can tell."""
+    manifest = json.loads((folder / "packprep.json").read_text())
+    supervised = 0
+    for shard in manifest["shards"]:
+        path = folder / shard["path"]
+        table = pq.read_table(path)
+        labels = []
+        for ids, old, lens in zip(*(table.column(c).to_pylist() for c in ("input_ids", "labels", "seq_lens"))):
+            new, start = [], 0
+            for n in lens:
+                trained = [label != -100 for label in old[start : start + n]]
+                shifted = [False, *trained[:-1]]
+                new += [t if keep and k else -100 for k, (t, keep) in enumerate(zip(ids[start : start + n], shifted))]
+                start += n
+            labels.append(new)
+        table = table.set_column(table.schema.get_field_index("labels"), table.schema.field("labels"),
+                                 pa.array(labels, table.schema.field("labels").type))
+        pq.write_table(table, path, compression="zstd", use_dictionary=False, write_statistics=False)
+        shard["supervised_tokens"] = sum(label != -100 for row in labels for label in row)
+        shard["sha256"] = file_sha256(path)
+        supervised += shard["supervised_tokens"]
+    manifest["tokens"]["supervised"] = supervised
+    (folder / "packprep.json").write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def test_labels_shifted_by_one_pass_the_row_checks_and_fail_retokenize(tmp_path):
+    out = tmp_path / "out"
+    packprep.pack(str(EXAMPLE_CHATS), str(out), str(EXAMPLE_TOKENIZER), max_len=512, num_proc=1)
+    assert packprep.verify(out, retokenize=200).ok
+    shift_labels_by_one(out)
+    assert packprep.verify(out).ok, "the row checks cannot see a shift"
+    report = packprep.verify(out, retokenize=200)
+    assert not report.ok
+    assert {f.check for f in report.failures} == {"retokenize"}
+    assert len(report.failures) > 150  # nearly every sampled sequence has a trained turn to show it
+    assert "labels differ from the record re-tokenized" in str(report.failures[0])
+    result = CliRunner().invoke(main, ["verify", str(out), "--retokenize", "20"])
+    assert result.exit_code == EXIT_VERIFY
+    assert "[retokenize]" in result.output
+
+
+def test_retokenize_says_when_an_input_changed(tmp_path):
+    data = tmp_path / "chats.jsonl"
+    data.write_bytes(EXAMPLE_CHATS.read_bytes())
+    out = tmp_path / "out"
+    packprep.pack(str(data), str(out), str(EXAMPLE_TOKENIZER), max_len=512, num_proc=1)
+    data.write_bytes(EXAMPLE_CHATS.read_bytes() + b"\n")  # any edit: the sha256 no longer matches
+    report = packprep.verify(out, retokenize=5)
+    assert report.failures and all("changed since it was packed" in f.message for f in report.failures)
+
+
+def test_retokenize_samples_every_sequence_of_a_small_output(tmp_path):
+    out = tmp_path / "out"
+    manifest = packprep.pack(str(EXAMPLE_CHATS), str(out), str(EXAMPLE_TOKENIZER), max_len=256, overlong="split",
+                             strategy="random", num_proc=1)
+    report = packprep.verify(out, retokenize=10**6)
+    assert report.ok, [str(f) for f in report.failures[:3]]
+    assert report.retokenized == manifest["sequences"]
