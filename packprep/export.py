@@ -20,7 +20,7 @@ from .card import render_card
 from .errors import ConfigError
 from .layout import FILES, SAVE_TO_DISK, LayoutContext, ShardReader, get_layout, readable_layout
 from .read import file_sha256
-from .write import OutputFolder, _shard_writer, _write_arrow_dataset_state, shard_name
+from .write import OutputFolder, shard_name, shard_writer, write_arrow_dataset_state
 
 
 def export(folder: str | os.PathLike, to: str, output: str | os.PathLike, *, overwrite: bool = False) -> dict:
@@ -65,13 +65,13 @@ def export_into(source: Path, manifest: dict, tmp: Path, layout) -> dict:
         shards = []
         for index, (reader, entry) in enumerate(zip(readers, manifest["shards"])):
             name = shard_name(index, len(readers), fmt)
-            with _shard_writer(tmp / name, fmt, schema) as write:
+            with shard_writer(tmp / name, fmt, schema) as write:
                 for table in reader.tables():
                     write(layout.to_layout(table, context))
             shards.append({**entry, "path": name, "bytes": (tmp / name).stat().st_size,
                            "sha256": file_sha256(tmp / name)})
         if fmt == "arrow":
-            _write_arrow_dataset_state(tmp / "data", shards, schema)
+            write_arrow_dataset_state(tmp / "data", shards, schema)
     if (source / "rejects.jsonl").is_file():
         shutil.copyfile(source / "rejects.jsonl", tmp / "rejects.jsonl")
     exported = {**manifest, "config": config, "layout": layout.name, "shards": shards}

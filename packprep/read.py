@@ -95,7 +95,7 @@ def _resolve(spec: str) -> list[Source]:
                 ".parquet or .arrow"
             )
         sources.append(Source(str(path), kind))
-    elif _looks_like_hub_id(spec) and _kind(path.name) is None:
+    elif looks_like_hub_id(spec) and _kind(path.name) is None:
         check_hub(spec, "dataset")
         sources.append(Source(spec, "hub"))
     else:
@@ -145,7 +145,7 @@ def _kind(name: str) -> str | None:
     return None
 
 
-def _looks_like_hub_id(spec: str) -> bool:
+def looks_like_hub_id(spec: str) -> bool:
     parts = spec.split("/")
     return 1 <= len(parts) <= 2 and all(parts) and not spec.startswith((".", "/"))
 

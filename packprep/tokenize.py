@@ -47,14 +47,14 @@ def load_tokenizer(name_or_path: str, *, transformers: bool = False):
 
     if not transformers and loadable(name_or_path):
         return FolderTokenizer(name_or_path)
-    from .read import _looks_like_hub_id, check_hub
+    from .read import check_hub, looks_like_hub_id
 
     path = Path(os.path.expanduser(name_or_path))
     if path.is_file():
         raise ConfigError(f"tokenizer {name_or_path!r} is a file; pass the folder that holds tokenizer.json "
                           "and tokenizer_config.json")
     if not path.is_dir():
-        if not _looks_like_hub_id(name_or_path):
+        if not looks_like_hub_id(name_or_path):
             raise ConfigError(f"tokenizer {name_or_path!r}: no such folder")
         try:
             check_hub(name_or_path, "model")

@@ -183,7 +183,7 @@ def write_shards(
         finally:
             _JOB = None
     if shard_format == "arrow":
-        _write_arrow_dataset_state(folder / "data", entries)
+        write_arrow_dataset_state(folder / "data", entries)
     return entries
 
 
@@ -202,7 +202,7 @@ class _ShardJob:
         supervised = 0
         step = self.rows_per_group
         groups = [(lo, min(last, lo + step)) for lo in range(first, last, step)]
-        with _shard_writer(path, self.shard_format) as write, ThreadPoolExecutor(1) as ahead:
+        with shard_writer(path, self.shard_format) as write, ThreadPoolExecutor(1) as ahead:
             # the next row group is gathered while this one is compressed (both release the GIL)
             tables = _prefetched(ahead, lambda lo, hi: materialize(self.store, self.segments.select(lo, hi)), groups)
             for (lo, hi), table in zip(groups, tables):
@@ -240,7 +240,7 @@ def _prefetched(pool, fn, calls):
 
 
 @contextmanager
-def _shard_writer(path: Path, shard_format: str, schema: pa.Schema = ROW_SCHEMA):
+def shard_writer(path: Path, shard_format: str, schema: pa.Schema = ROW_SCHEMA):
     """A function writing tables of ``schema`` to one shard (``export`` writes other layouts' schemas)."""
     if shard_format == "parquet":
         # no dictionary pages: token ids have too many distinct values for them to pay; without
@@ -255,7 +255,7 @@ def _shard_writer(path: Path, shard_format: str, schema: pa.Schema = ROW_SCHEMA)
             yield writer.write_table
 
 
-def _write_arrow_dataset_state(data_dir: Path, entries: list[dict], schema: pa.Schema = ROW_SCHEMA) -> None:
+def write_arrow_dataset_state(data_dir: Path, entries: list[dict], schema: pa.Schema = ROW_SCHEMA) -> None:
     """Make ``data/`` loadable with ``datasets.load_from_disk`` (memory-mapped, no copy)."""
     import json
 
