@@ -19,7 +19,7 @@ How to add a layout: append ONE ``Layout(...)`` to ``LAYOUTS`` below (or call ``
   one row group at a time (also called on an empty table, for the schema); ``list_column`` gives
   a column's flat values and offsets as numpy, ``LayoutContext`` the row length and manifest;
 * ``recipe``: the few lines of that stack's settings (markdown, first line the
-  ``packprep.torch.check_pipeline`` guard: ``_guard(...)``), shown in the output's dataset card;
+  ``packprep.torch.check_pipeline`` guard: ``guarded_recipe(...)``), shown in the dataset card;
   its fenced code blocks must appear verbatim in the README (a test checks);
 * ``test``: the test that runs the stack's own code on such shards;
 
@@ -348,13 +348,13 @@ def layout_names() -> tuple[str, ...]:
     return tuple(LAYOUTS)
 
 
-def _guard(call: str) -> str:
+def guarded_recipe(call: str) -> str:
     return (f"First, always: `{call}` runs one packed row through exactly this setup and raises, naming the "
             "cause, if packed sequences would see each other (an attention mask, recomputed position ids, "
             "dropped columns, truncation, a KV cache).\n\n")
 
 
-LOOP_RECIPE = _guard('check_pipeline(collate_packed, model, "packed/")') + """\
+LOOP_RECIPE = guarded_recipe('check_pipeline(collate_packed, model, "packed/")') + """\
 ```python
 from torch.utils.data import DataLoader
 from packprep.torch import PackedDataset, check_pipeline, collate_packed, register_varlen_attention
@@ -367,7 +367,7 @@ for batch in loader:   # (1, T) input_ids/labels/position_ids, cu_seq_lens_*, ma
 Per-token loss across gradient accumulation: `collate_packed(rows, count=True)` adds
 `num_supervised_tokens` (pop it and pass the step's total as `num_items_in_batch=`)."""
 
-HF_RECIPE = _guard('check_pipeline(trainer, data="packed/")') + """\
+HF_RECIPE = guarded_recipe('check_pipeline(trainer, data="packed/")') + """\
 ```python
 from datasets import load_dataset
 from transformers import Trainer, TrainingArguments
@@ -384,7 +384,7 @@ tokenizer's `DataCollatorWithPadding` adds an all-ones `attention_mask`), `DataC
 (`TrainingArguments.use_cache` must keep its default False, which the Trainer copies into
 `model.config`: a KV cache switches transformers' packed-sequence detection off)."""
 
-TRL_RECIPE = _guard('check_pipeline(trainer, data="packed/")') + """\
+TRL_RECIPE = guarded_recipe('check_pipeline(trainer, data="packed/")') + """\
 ```python
 from datasets import load_dataset
 from trl import SFTConfig, SFTTrainer

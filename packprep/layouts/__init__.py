@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from importlib import import_module
 
-from ..layout import FILES, SAVE_TO_DISK, TABLE, Layout, _guard, register
+from ..layout import FILES, SAVE_TO_DISK, TABLE, Layout, guarded_recipe, register
 
 
 def _adapter(module: str, name: str):
@@ -20,7 +20,7 @@ def _adapter(module: str, name: str):
     return call
 
 
-TORCHTUNE_RECIPE = _guard('check_pipeline(*checkable(padded_collate_packed, model), "packed/", layout="torchtune")') + """\
+TORCHTUNE_RECIPE = guarded_recipe('check_pipeline(*checkable(padded_collate_packed, model), "packed/", layout="torchtune")') + """\
 ```yaml
 # packprep export packed/ --to torchtune packed-tt/   (a full_finetune_* or lora_finetune_* recipe config)
 dataset:
@@ -42,7 +42,7 @@ breaks packing here: leaving out `packed: True` (the recipe would collate with `
 which drops `seq_lens` and `input_pos`; the component refuses to run without it), and torchtune's
 own `PackedDataset` over packprep rows (it packs each row as ONE sequence)."""
 
-LLAMAFACTORY_RECIPE = _guard('check_pipeline(collator, model, "packed/", layout="llamafactory")') + """\
+LLAMAFACTORY_RECIPE = guarded_recipe('check_pipeline(collator, model, "packed/", layout="llamafactory")') + """\
 ```yaml
 # packprep export packed/ --to llamafactory packed-lf/
 stage: sft
@@ -65,7 +65,7 @@ packing here: `neat_packing: false` (the default: the index mask is used as a pl
 so the sequences of a row see each other), and `tokenized_path` on a folder in another layout
 (`load_from_disk` refuses it)."""
 
-AXOLOTL_RECIPE = _guard('check_pipeline(trainer, data="packed/", layout="axolotl")') + """\
+AXOLOTL_RECIPE = guarded_recipe('check_pipeline(trainer, data="packed/", layout="axolotl")') + """\
 ```yaml
 # packprep export packed/ --to axolotl packed-ax/
 datasets:
@@ -91,7 +91,7 @@ register(Layout(
     test="tests/stacks/test_llamafactory.py", convert=_adapter("llamafactory", "convert"),
 ))
 
-MEGATRON_RECIPE = _guard('check_pipeline(checkable(dataset), hf_model, "packed/", layout="megatron")') + """\
+MEGATRON_RECIPE = guarded_recipe('check_pipeline(checkable(dataset), hf_model, "packed/", layout="megatron")') + """\
 ```python
 # packprep export packed/ --to megatron packed-mg/   ->  packed-mg/data/training.npy, metadata.json
 from megatron.bridge.data.datasets.packed_sequence import PackedSequenceSpecs
