@@ -200,9 +200,6 @@ def _shard_tables(path: Path, report: Report, name: str, layout=None) -> Iterato
         yield None
 
 
-_flat = list_column
-
-
 def _first_row(offsets: np.ndarray, bad_positions: np.ndarray) -> int:
     """The row holding the first of ``bad_positions`` (flat indices)."""
     return int(np.searchsorted(offsets, bad_positions[0], side="right") - 1)
@@ -210,11 +207,11 @@ def _first_row(offsets: np.ndarray, bad_positions: np.ndarray) -> int:
 
 def _check_rows(table, name, max_len, may_exceed, seen, report, first_row: int = 0) -> int | None:
     """Check every row of one shard; return its supervised tokens, or None if its rows are malformed."""
-    ids, tok_off = _flat(table, "input_ids")
-    labels, lab_off = _flat(table, "labels")
-    pos, pos_off = _flat(table, "position_ids")
-    seq_lens, seq_off = _flat(table, "seq_lens")
-    sources, src_off = _flat(table, "source_index")
+    ids, tok_off = list_column(table, "input_ids")
+    labels, lab_off = list_column(table, "labels")
+    pos, pos_off = list_column(table, "position_ids")
+    seq_lens, seq_off = list_column(table, "seq_lens")
+    sources, src_off = list_column(table, "source_index")
     fail = lambda check, row, message: report.failures.append(Failure(check, message, name, first_row + row))  # noqa: E731
 
     row_len = np.diff(tok_off)

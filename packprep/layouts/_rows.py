@@ -10,18 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-IGNORE_INDEX = -100
-
-
-def list_column(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
-    """(values, offsets) of a list column, offsets rebased to 0."""
-    column = table.column(name)
-    array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
-    if len(array) == 0:
-        return np.zeros(0, np.int64), np.zeros(1, np.int64)
-    offsets = np.asarray(array.offsets).astype(np.int64)
-    values = np.asarray(array.values)[offsets[0] : offsets[-1]]
-    return values, offsets - offsets[0]
+from ..layout import list_column
 
 
 class Rows:

@@ -24,7 +24,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from ._rows import IGNORE_INDEX, Rows, fixed_list
+from ..layout import IGNORE_INDEX
+from ._rows import Rows, fixed_list
 
 PAD_MULTIPLE = 8
 

@@ -32,7 +32,8 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import pyarrow as pa
 
-from ._rows import IGNORE_INDEX, Rows
+from ..layout import IGNORE_INDEX
+from ._rows import Rows
 
 TRAIN_FILE = "training.npy"
 METADATA_FILE = "metadata.json"

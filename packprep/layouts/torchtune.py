@@ -25,7 +25,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from ._rows import IGNORE_INDEX, Rows, fixed_list, ragged_list
+from ..layout import IGNORE_INDEX
+from ._rows import Rows, fixed_list, ragged_list
 
 COLUMNS = ("tokens", "labels", "input_pos", "seq_lens")
 
