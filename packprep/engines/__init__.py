@@ -1,1 +1,108 @@
-"""Execution engines other than the local process pool (see ``packprep.engines.ray``)."""
+"""Where a stage's tasks run: this machine's processes, or a Ray cluster (``engines/ray.py``).
+
+A stage is a plain function ``fn(context, item) -> result`` of a module (so that it pickles by
+name). ``context`` is what every task of the stage shares (a tokenizer, a token store's index):
+an engine ships it to each worker once, never per task. ``item`` names a small piece of work (a
+byte range of an input, a shard to write) and ``result`` is small too; bulk data (tokens, shards)
+goes to files, never through the engine. Engines return results in item order, so a run's output
+does not depend on the engine or on the number of workers. Steps never import engines: the
+pipeline picks one and hands its stages to :meth:`Engine.map`.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections import deque
+from concurrent.futures import Future, ProcessPoolExecutor
+from typing import Any, Callable, Iterable, Iterator, Protocol
+
+from ..errors import ConfigError
+
+ENGINES = ("local", "ray")
+IN_FLIGHT_PER_WORKER = 4  # tasks submitted and not yet collected, per worker: bounds the driver's memory
+
+
+class Engine(Protocol):
+    """Runs one stage's tasks; see the module docstring."""
+
+    workers: int
+
+    def map(self, fn: Callable[[Any, Any], Any], context: Any, items: Iterable[Any],
+            workers: int | None = None) -> Iterator[Any]:
+        """``fn(context, item)`` for every item, yielded in item order. ``workers`` caps this stage's
+        parallelism below the engine's (a stage whose tasks need much memory)."""
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+def make_engine(name: str = "local", num_proc: int | None = None, ray_address: str | None = None) -> Engine:
+    """The engine called ``name`` with ``num_proc`` workers (default: every core of this machine)."""
+    if name not in ENGINES:
+        raise ConfigError(f"--engine must be one of {', '.join(ENGINES)}")
+    num_proc = max(1, num_proc or os.cpu_count() or 1)
+    if name == "ray":
+        from .ray import RayEngine
+
+        return RayEngine(num_proc, ray_address)
+    return LocalEngine(num_proc)
+
+
+def ordered(submit: Callable[[Any], Any], result: Callable[[Any], Any], items: Iterable[Any],
+            in_flight: int) -> Iterator[Any]:
+    """Submit items lazily, at most ``in_flight`` ahead, and yield their results in item order."""
+    pending: deque = deque()
+    for item in items:
+        pending.append(submit(item))
+        if len(pending) >= in_flight:
+            yield result(pending.popleft())
+    while pending:
+        yield result(pending.popleft())
+
+
+_CONTEXT: Any = None  # the running stage's context, set before the workers fork
+
+
+def _call(fn: Callable, item: Any) -> Any:
+    return fn(_CONTEXT, item)
+
+
+class LocalEngine:
+    """Forked processes of this machine; one worker runs the stage in this process.
+
+    Workers are forked once a stage, after its context is set, so they inherit it (a loaded
+    tokenizer, a token store's index) instead of receiving it pickled. Each worker is one CPU:
+    libraries that would start threads of their own are told not to.
+    """
+
+    def __init__(self, workers: int = 1):
+        self.workers = max(1, workers)
+
+    def map(self, fn, context, items, workers=None):
+        workers = max(1, min(self.workers, workers or self.workers))
+        if workers == 1:
+            for item in items:
+                yield fn(context, item)
+            return
+        global _CONTEXT
+        saved = os.environ.get("TOKENIZERS_PARALLELISM")
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        _CONTEXT = context
+        try:
+            pool = ProcessPoolExecutor(workers, multiprocessing.get_context("fork"))
+            try:
+                yield from ordered(lambda item: pool.submit(_call, fn, item), Future.result, items,
+                                   workers * IN_FLIGHT_PER_WORKER)
+            finally:  # a failed or abandoned stage does not wait for tasks nobody will collect
+                pool.shutdown(wait=True, cancel_futures=True)
+        finally:
+            _CONTEXT = None
+            if saved is None:
+                os.environ.pop("TOKENIZERS_PARALLELISM", None)
+            else:
+                os.environ["TOKENIZERS_PARALLELISM"] = saved
+
+    def close(self) -> None:
+        pass
