@@ -209,27 +209,27 @@ def timed_main(argv: list[str]) -> None:
 
         setattr(owner, name, wrapped)
 
-    # read+tokenize: from asking the Encoding for its first batch to the token store being built
+    # read+tokenize: from asking the Encoding to run to the token store being built from the parts' spills
     encode_module = importlib.import_module("packprep.encode")
     materialize_module = importlib.import_module("packprep.materialize")
-    original_batches, original_build = encode_module.Encoding.batches, materialize_module.TokenStoreBuilder.build
+    original_run, original_build = encode_module.Encoding.run, materialize_module.TokenStore.from_spills
     began: list[float] = []
 
-    def batches(self, *args, **kwargs):
+    def run(self, *args, **kwargs):
         began.append(time.perf_counter())
         sampler.stage = "read+tokenize"
-        return original_batches(self, *args, **kwargs)
+        return original_run(self, *args, **kwargs)
 
-    def build(self):
+    def from_spills(*args, **kwargs):
         try:
-            return original_build(self)
+            return original_build(*args, **kwargs)
         finally:
             if began:
                 stages["read+tokenize"] = stages.get("read+tokenize", 0.0) + time.perf_counter() - began.pop()
                 peak_after["read+tokenize"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             sampler.stage = "other"
 
-    encode_module.Encoding.batches, materialize_module.TokenStoreBuilder.build = batches, build
+    encode_module.Encoding.run, materialize_module.TokenStore.from_spills = run, staticmethod(from_spills)
     timer(pipeline, "_pack", "pack")
     timer(pipeline, "_segments", "pack")
     timer(pipeline, "write_shards", "write")

@@ -1,34 +1,52 @@
-"""Step 3: every input record read, normalized and encoded, in input order, on any engine.
+"""Step 3: every input record read, normalized and encoded, part by part, on any engine.
 
 ``pack`` and ``stats`` both encode through :class:`Encoding`: the same readers, formats, chat
-template, labels and rejections, so what ``stats`` measures is what ``pack`` packs. Each record is
-counted in a :class:`Ledger`, which also says what became of it.
+template, labels and rejections, so what ``stats`` measures is what ``pack`` packs. The inputs are
+cut into parts (read.plan_parts); a worker reads, normalizes and encodes a part on its own and hands
+the records to a *sink* (pack's spills tokens to a file, stats' keeps lengths), so the driver never
+sees a record: it merges each part's small result, in part order, into one :class:`Ledger` that
+counts every record and says what became of it.
 """
 
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
+import tempfile
 import warnings
-from collections import Counter, deque
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from itertools import islice
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol
 
 from .errors import ConfigError, InputError
 from .normalize import Conversation, FieldNames, Policy, Rejected, detect_format, fit_to_template, normalize
-from .read import Record, Source, read_records
+from .read import Part, Record, Source, plan_parts, read_part, read_records
 from .tokenize import ChatEncoder, Encoded, load_tokenizer
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .engines import Engine
     from .pipeline import PackConfig
 
 # What became of each input record (the manifest counts these; verify checks they add up).
 FATES = ("packed", "truncated", "split", "rejected")
 PACKED, TRUNCATED, SPLIT, REJECTED = range(len(FATES))
-BATCH = 256  # conversations a batch: the unit handed to a worker process or a Ray actor
+BATCH = 256  # conversations a tokenizer call
+TOKENIZER_FILES_LIMIT = 64 << 20  # a tokenizer folder travels to remote workers as its files up to this size
+
+Item = tuple[int, Record, "Conversation | Rejected", "Encoded | Rejected"]  # (record number in the part, ...)
+
+
+class Sink(Protocol):
+    """What a worker does with a part's encoded records (pack: spill tokens; stats: keep lengths)."""
+
+    def take(self, batch: list[Item], ledger: "Ledger") -> int:
+        """Keep what stays of ``batch`` (rejecting through ``ledger``); return the tokens kept."""
+        ...
+
+    def finish(self) -> Any:
+        """The part's small result for the driver."""
+        ...
 
 
 @dataclass
@@ -55,29 +73,168 @@ class Encoding:
         _check_template(encoder, formats, config.max_len if max_len is None else max_len)
         return cls(sources, formats, fields, tok, tokenizer, encoder, config, _record_policy(encoder, config))
 
-    def batches(
-        self, ledger: "Ledger", num_proc: int = 1, engine: str = "local", ray_address: str | None = None
-    ) -> Iterator[list[tuple[int, Record, Conversation | Rejected, Encoded | Rejected]]]:
-        """Every record, in batches in input order, as ``(source_index, record, conversation, encoded)``;
-        ``encoded`` is a ``Rejected`` where it could not be (``ledger.accept`` records it)."""
-        records = _in_batches(_normalized(self.sources, self.formats, self.fields, ledger, self.policy,
-                                          forced=bool(self.config.format)), BATCH)
-        for batch, encoded in _encoded_batches(records, self.encoder, self.tokenizer_name, self.config, num_proc,
-                                              engine, ray_address):
-            yield [(index, record, conversation, item) for (index, record, conversation), item in zip(batch, encoded)]
+    def run(self, engine: "Engine", ledger: "Ledger", sink: Callable[[Part], Sink]) -> Iterator["PartResult"]:
+        """Encode every part on ``engine``; merge each result into ``ledger`` in input order and yield
+        it (``payload``: its sink's result; ``sink(part)`` makes a part's sink, in the worker)."""
+        parts = plan_parts(self.sources, engine.workers)
+        context = EncodeContext(self.tokenizer_name, self.config, self.fields, self.policy, self.formats, sink,
+                                self.encoder)
+        merged = _Merge(self.sources, ledger)
+        for part, result in zip(parts, engine.map(encode_part, context, parts)):
+            _note_backend(self.encoder, result.backend)
+            merged.add(part, result)
+            yield result
+        merged.finish()
+
+
+@dataclass
+class EncodeContext:
+    """What every encode task shares. Forked workers inherit the driver's loaded ``encoder``;
+    elsewhere (a Ray node) it is loaded once per process from ``tokenizer_files``."""
+
+    tokenizer_name: str
+    config: "PackConfig"
+    fields: FieldNames
+    policy: Policy
+    formats: list[str]
+    sink: Callable[[Part], Sink]
+    encoder: ChatEncoder | None = None
+    tokenizer_files: dict[str, bytes] | None = None  # the folder's files, once the context travels
+
+    def __getstate__(self) -> dict:
+        # a loaded tokenizer does not pickle: the receiving process loads it again, from the files
+        files = self.tokenizer_files or _tokenizer_files(self.tokenizer_name)
+        return {**self.__dict__, "encoder": None, "tokenizer_files": files}
+
+    def loaded_encoder(self) -> ChatEncoder:
+        if self.encoder is None:
+            name = self.tokenizer_name
+            if self.tokenizer_files is not None:
+                self._folder = tempfile.TemporaryDirectory(prefix="packprep-tokenizer-")
+                for file_name, data in self.tokenizer_files.items():
+                    with open(os.path.join(self._folder.name, file_name), "wb") as handle:
+                        handle.write(data)
+                name = self._folder.name
+            self.encoder = ChatEncoder(load_tokenizer(name), self.config.train_on, self.config.tokenizer_backend)
+        return self.encoder
+
+
+@dataclass
+class PartResult:
+    """What a worker says about one part: counts, rejections and its sink's result; records are
+    numbered from the part's start (the driver knows where each part starts once earlier ones are in)."""
+
+    records: int = 0
+    lines: int = 0  # lines read (JSONL): where the next part of the file starts counting
+    status: bytearray = field(default_factory=bytearray)
+    reasons: Counter = field(default_factory=Counter)
+    changes: Counter = field(default_factory=Counter)
+    formats: Counter = field(default_factory=Counter)
+    turns_not_located: int = 0
+    rejects: list[dict] = field(default_factory=list)
+    failure: dict | None = None  # --on-error fail: the first bad record; nothing after it was read
+    tokens: int = 0
+    backend: str = ""
+    payload: Any = None
+
+
+def encode_part(context: EncodeContext, part: Part) -> PartResult:
+    """The encode stage: read, normalize and encode one part, and hand its records to a sink."""
+    encoder = context.loaded_encoder()
+    ledger = Ledger(context.config.on_error)
+    sink = context.sink(part)
+    fmt, forced = context.formats[part.source], bool(context.config.format)
+    seen: Counter = Counter()
+    lines = 0
+
+    def normalized() -> Iterator[tuple[int, Record, Conversation | Rejected]]:
+        nonlocal lines
+        for record in read_part(part):
+            lines = record.line or lines
+            number = ledger.add()
+            if record.error is not None:
+                yield number, record, Rejected(record.error, "unreadable")
+                continue
+            own = fmt if forced else detect_format(record.data, context.fields) or fmt
+            seen[own] += 1
+            try:
+                yield number, record, normalize(record.data, own, context.fields, context.policy)
+            except Rejected as exc:
+                yield number, record, exc
+
+    tokens = 0
+    failure = None
+    with encoder.one_thread():  # the engine's workers are the parallelism
+        try:
+            for batch in _in_batches(normalized(), BATCH):
+                done = iter(encoder.encode([c for _, _, c in batch if not isinstance(c, Rejected)]))
+                items = [(n, r, c, c if isinstance(c, Rejected) else next(done)) for n, r, c in batch]
+                tokens += sink.take(items, ledger)
+        except RecordFailure as exc:
+            failure = {"file": exc.record.file, "index": exc.record.index, "line": exc.record.line,
+                       "reason": exc.reason}
+    return PartResult(len(ledger.status), lines, ledger.status, ledger.reasons, ledger.changes, seen,
+                      ledger.turns_not_located, ledger.entries, failure, tokens, encoder.backend_name, sink.finish())
+
+
+class RecordFailure(Exception):
+    """A bad record under ``--on-error fail``; the driver names it (file, line) and stops."""
+
+    def __init__(self, record: Record, reason: str):
+        super().__init__(reason)
+        self.record, self.reason = record, reason
+
+
+class _Merge:
+    """Folds part results into the run's ledger, in part order, numbering records across parts:
+    source index (over all inputs), record index and line (within the file)."""
+
+    def __init__(self, sources: list[Source], ledger: "Ledger"):
+        self.sources, self.ledger = sources, ledger
+        self.records = {n: 0 for n in range(len(sources))}
+        self.lines = dict(self.records)
+
+    def add(self, part: Part, result: PartResult) -> None:
+        ledger, source = self.ledger, part.source
+        base, index_base, line_base = len(ledger.status), self.records[source], self.lines[source]
+        if result.failure is not None:
+            failure = result.failure
+            where = (f"line {failure['line'] + line_base}" if failure["line"] else
+                     f"record {failure['index'] + index_base}")
+            raise InputError(f"{failure['file']}, {where}: {failure['reason']} "
+                             "(use --on-error skip to set such records aside)")
+        ledger.status += result.status
+        ledger.reasons.update(result.reasons)
+        ledger.changes.update(result.changes)
+        ledger.turns_not_located += result.turns_not_located
+        ledger.formats.setdefault(source, Counter()).update(result.formats)
+        for entry in result.rejects:
+            entry["index"] += index_base
+            entry["source_index"] += base
+            if entry["line"]:
+                entry["line"] += line_base
+            ledger.write(entry)
+        self.records[source] += result.records
+        self.lines[source] += result.lines
+
+    def finish(self) -> None:
+        for number, source in enumerate(self.sources):
+            source.records = self.records[number]
 
 
 class Ledger:
-    """Where each record ended up; rejected records are written to rejects.jsonl as they happen."""
+    """Where each record ended up. The driver's ledger writes rejected records to rejects.jsonl; a
+    worker's ledger keeps them in ``entries`` for the driver to number and write."""
 
     def __init__(self, on_error: str = "skip", rejects_path=None):
         self.on_error = on_error
-        self.rejects_path = rejects_path  # None: count only (stats)
+        self.rejects_path = rejects_path  # None: kept in entries (a worker), or only counted
         self.status = bytearray()  # the FATES index of each record: one byte a record
         self.reasons: Counter = Counter()
         self.turns_not_located = 0
         self.changes: Counter = Counter()  # what normalize.py's transforms changed in the kept records
         self.formats: dict[int, Counter] = {}  # source number -> records of each format
+        self.entries: list[dict] = []
         self._handle = None
 
     def __enter__(self):
@@ -92,15 +249,15 @@ class Ledger:
                 os.remove(self.rejects_path)
 
     def add(self) -> int:
-        """Count a new record (packed until said otherwise); return its source index."""
+        """Count a new record (packed until said otherwise); return its number."""
         self.status.append(PACKED)
         return len(self.status) - 1
 
-    def accept(self, record: Record, source_index: int, item: "Encoded | Rejected") -> Encoded | None:
+    def accept(self, record: Record, number: int, item: "Encoded | Rejected") -> Encoded | None:
         """The encoded record, or None once a ``Rejected`` in its place is recorded (what a kept record
         brings is counted by :meth:`keep`)."""
         if isinstance(item, Rejected):
-            self.reject(record, source_index, str(item), item.code)
+            self.reject(record, number, str(item), item.code)
             return None
         return item
 
@@ -114,21 +271,23 @@ class Ledger:
         seen = self.formats.get(number)
         return "+".join(fmt for fmt, _ in seen.most_common()) if seen else fallback
 
-    def reject(self, record: Record, source_index: int, reason: str, code: str) -> None:
+    def reject(self, record: Record, number: int, reason: str, code: str) -> None:
         if self.on_error == "fail":
-            where = f"line {record.line}" if record.line else f"record {record.index}"
-            raise InputError(f"{record.file}, {where}: {reason} (use --on-error skip to set such records aside)")
-        self.status[source_index] = REJECTED
+            raise RecordFailure(record, reason)
+        self.status[number] = REJECTED
         self.reasons[code] += 1
-        entry = {
+        self.entries.append({
             "file": record.file,
             "index": record.index,
             "line": record.line,
-            "source_index": source_index,
+            "source_index": number,
             "reason": reason,
             "code": code,
             "record": _preview(record),
-        }
+        })
+
+    def write(self, entry: dict) -> None:
+        """Write one numbered rejection to rejects.jsonl (the driver's ledger)."""
         if self._handle is not None:
             self._handle.write(json.dumps(entry, ensure_ascii=False) + "\n")
 
@@ -179,93 +338,10 @@ def _record_policy(encoder: ChatEncoder, config: "PackConfig") -> Policy:
     return fit_to_template(encoder.template.render, config.leading_assistant, config.consecutive, config.system)
 
 
-def _normalized(sources, formats, fields, ledger, policy: Policy, forced: bool
-                ) -> Iterator[tuple[int, Record, Conversation | Rejected]]:
-    """Yield (source_index, record, conversation), or a Rejected in its place, in input order.
-
-    Without --format (``forced``) the format is told per record (a file may mix ShareGPT and OpenAI
-    records); a record that shows none is read as its file's format, so that its reason names what
-    is missing.
-    """
-    for number, (source, fmt) in enumerate(zip(sources, formats)):
-        seen = ledger.formats.setdefault(number, Counter())
-        for record in read_records(source):
-            source_index = ledger.add()
-            if record.error is not None:
-                yield source_index, record, Rejected(record.error, "unreadable")
-                continue
-            own = fmt if forced else detect_format(record.data, fields) or fmt
-            seen[own] += 1
-            try:
-                yield source_index, record, normalize(record.data, own, fields, policy)
-            except Rejected as exc:
-                yield source_index, record, exc
-
-
 def _in_batches(iterable: Iterable, size: int) -> Iterator[list]:
     iterator = iter(iterable)
     while batch := list(islice(iterator, size)):
         yield batch
-
-
-_WORKER_ENCODER: ChatEncoder | None = None  # set before forking: workers inherit the loaded encoder
-
-
-def _worker_encode(conversations: list[Conversation]) -> tuple[list, str]:
-    """Encode a batch in a worker process; also say which backend did (the guard may have switched)."""
-    encoded = _WORKER_ENCODER.encode(conversations)
-    return encoded, _WORKER_ENCODER.backend_name
-
-
-def _encoded_batches(batches, encoder, tokenizer, config, num_proc=1, engine="local", ray_address=None):
-    """Yield ``(batch, encoded)`` in input order, encoded in-process, by worker processes or on Ray.
-
-    Records already rejected while normalizing keep their place, so rejections (and
-    ``--on-error fail``) follow input order whatever the engine.
-    """
-    waiting: deque = deque()
-
-    def to_encode():
-        for batch in batches:
-            waiting.append(batch)
-            yield [item for item in batch if not isinstance(item[2], Rejected)]
-
-    for _, encoded in _encode(to_encode(), encoder, tokenizer, config, num_proc, engine, ray_address):
-        batch = waiting.popleft()
-        done = iter(encoded)
-        yield batch, [c if isinstance(c, Rejected) else next(done) for _, _, c in batch]
-
-
-def _encode(batches, encoder, tokenizer, config, num_proc, engine, ray_address):
-    if engine == "ray":
-        from .engines.ray import ray_encode_batches
-
-        for batch, (encoded, backend) in ray_encode_batches(batches, tokenizer, config, ray_address, num_proc):
-            _note_backend(encoder, backend)
-            yield batch, encoded
-    elif num_proc == 1:
-        for batch in batches:
-            encoded = encoder.encode([c for _, _, c in batch])
-            _note_backend(encoder, encoder.backend_name)
-            yield batch, encoded
-    else:
-        # Forked workers inherit the parent's encoder: no second tokenizer load or tiktoken build.
-        # Each worker tokenizes on one thread; the processes are the parallelism.
-        global _WORKER_ENCODER
-        _WORKER_ENCODER = encoder
-        saved = os.environ.get("TOKENIZERS_PARALLELISM")
-        os.environ["TOKENIZERS_PARALLELISM"] = "false"
-        try:
-            with encoder.one_thread(), ProcessPoolExecutor(num_proc, multiprocessing.get_context("fork")) as pool:
-                for batch, (encoded, backend) in _ordered_map(pool, batches, num_proc * 4):
-                    _note_backend(encoder, backend)
-                    yield batch, encoded
-        finally:
-            _WORKER_ENCODER = None
-            if saved is None:
-                os.environ.pop("TOKENIZERS_PARALLELISM", None)
-            else:
-                os.environ["TOKENIZERS_PARALLELISM"] = saved
 
 
 def _note_backend(encoder: ChatEncoder, backend: str) -> None:
@@ -277,15 +353,18 @@ def _note_backend(encoder: ChatEncoder, backend: str) -> None:
     encoder.backends_used.add(backend)
 
 
-def _ordered_map(pool, batches, in_flight: int):
-    """Like pool.map, but reads its input lazily so memory stays bounded."""
-    pending = []
-    for batch in batches:
-        pending.append((batch, pool.submit(_worker_encode, [c for _, _, c in batch])))
-        if len(pending) >= in_flight:
-            batch, future = pending.pop(0)
-            yield batch, future.result()
-    for batch, future in pending:
-        yield batch, future.result()
-
-
+def _tokenizer_files(tokenizer: str) -> dict[str, bytes] | None:
+    """A tokenizer folder's files, so that workers on other machines need not see the folder;
+    None for a Hub id or a folder that holds more than tokenizer files (weights beside them)."""
+    if not os.path.isdir(tokenizer):
+        return None
+    files, total = {}, 0
+    for name in sorted(os.listdir(tokenizer)):
+        path = os.path.join(tokenizer, name)
+        if os.path.isfile(path):
+            total += os.path.getsize(path)
+            if total > TOKENIZER_FILES_LIMIT:
+                return None
+            with open(path, "rb") as handle:
+                files[name] = handle.read()
+    return files

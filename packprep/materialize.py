@@ -24,20 +24,30 @@ from .tokenize import IGNORE_INDEX
 
 @dataclass
 class TokenStore:
-    """All accepted sequences, as flat token arrays plus CSR offsets.
+    """All accepted sequences: lengths and input records in memory, tokens on disk.
 
-    The token arrays live either in memory or in two flat int32 files of an on-disk cache, so
-    that a data set larger than memory can be packed: only lengths and source indices (12 bytes a
-    sequence) stay in memory, and rows are gathered from the cache with ``pread``, which keeps
-    the resident memory bounded by one row group (a memory map would not: every page it touches
-    counts as resident).
+    Only the CSR offsets and source indices (16 bytes a sequence) are held; the tokens stay in
+    the files the encode workers spilled, two flat int32 files a part (:class:`TokenSpill`), in
+    part order. Rows are gathered from them with ``pread``, which keeps resident memory bounded by
+    one row group (a memory map would not: every page it touches counts as resident).
     """
 
-    offsets: np.ndarray  # int64, n + 1
+    offsets: np.ndarray  # int64, n + 1: first token of each sequence, over all parts
     source_index: np.ndarray  # int64, input record of each sequence
-    input_ids: np.ndarray | None = None  # int32, in memory
-    labels: np.ndarray | None = None  # int32, in memory
-    cache_dir: Path | None = None  # or: input_ids.bin / labels.bin there
+    cache_dir: Path
+    part_starts: np.ndarray  # int64, parts + 1: first token of each part's files
+
+    @classmethod
+    def from_spills(cls, cache_dir: Path, spills: list["Spilled"], record_bases: list[int]) -> "TokenStore":
+        """The store of every part's spill, in part order; ``record_bases[p]``: records before part p."""
+        lengths = np.concatenate([np.zeros(0, np.int64)] + [s.lengths.astype(np.int64) for s in spills])
+        sources = np.concatenate([np.zeros(0, np.int64)] + [s.numbers.astype(np.int64) + base
+                                                            for s, base in zip(spills, record_bases)])
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        part_tokens = np.array([int(s.lengths.sum(dtype=np.int64)) for s in spills], dtype=np.int64)
+        part_starts = np.concatenate([[0], np.cumsum(part_tokens)]).astype(np.int64)
+        return cls(offsets, sources, Path(cache_dir), part_starts)
 
     @property
     def lengths(self) -> np.ndarray:
@@ -48,61 +58,60 @@ class TokenStore:
 
     def gather(self, first_token: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Tokens and labels of the pieces ``[first_token, first_token + length)``, concatenated."""
-        if self.cache_dir is None:
-            index = np.repeat(first_token - (np.cumsum(lengths) - lengths), lengths) + np.arange(int(lengths.sum()))
-            return self.input_ids[index], self.labels[index]
-        return self._pread("input_ids.bin", first_token, lengths), self._pread("labels.bin", first_token, lengths)
+        return self._pread("ids", first_token, lengths), self._pread("labels", first_token, lengths)
 
-    def _pread(self, name: str, first_token: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    def _pread(self, column: str, first_token: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         out = np.empty(int(lengths.sum()), dtype=np.int32)
         view = memoryview(out).cast("B")
-        fd = os.open(self.cache_dir / name, os.O_RDONLY)
+        parts = np.searchsorted(self.part_starts, first_token, side="right") - 1
+        local = (first_token - self.part_starts[parts]) * 4
+        fds: dict[int, int] = {}
         try:
             at = 0
-            for start, length in zip((first_token * 4).tolist(), (lengths * 4).tolist()):
-                got = os.preadv(fd, [view[at : at + length]], start)
+            for part, start, length in zip(parts.tolist(), local.tolist(), (lengths * 4).tolist()):
+                if part not in fds:
+                    fds[part] = os.open(spill_path(self.cache_dir, part, column), os.O_RDONLY)
+                got = os.preadv(fds[part], [view[at : at + length]], start)
                 if got != length:
-                    raise OSError(f"short read from the token cache {self.cache_dir / name}")
+                    raise OSError(f"short read from the token cache {spill_path(self.cache_dir, part, column)}")
                 at += length
         finally:
-            os.close(fd)
+            for fd in fds.values():
+                os.close(fd)
         return out
 
 
-class TokenStoreBuilder:
-    """Collects encoded sequences; spills their tokens to ``cache_dir`` when one is given."""
+def spill_path(cache_dir: Path, part: int, column: str) -> Path:
+    return Path(cache_dir) / f"part-{part:06d}.{column}"
 
-    def __init__(self, cache_dir: Path | None = None):
-        self.cache_dir = cache_dir
-        self._lengths = array("q")  # 8 bytes a sequence, not a Python int object each
-        self._sources = array("q")
-        self._ids: list[np.ndarray] = []
-        self._labels: list[np.ndarray] = []
-        self._files = None
-        if cache_dir is not None:
-            cache_dir.mkdir(parents=True, exist_ok=True)
-            self._files = (open(cache_dir / "input_ids.bin", "wb"), open(cache_dir / "labels.bin", "wb"))
 
-    def append(self, input_ids: np.ndarray, labels: np.ndarray, source_index: int) -> None:
-        if self._files is not None:
-            self._files[0].write(np.ascontiguousarray(input_ids, dtype=np.int32).tobytes())
-            self._files[1].write(np.ascontiguousarray(labels, dtype=np.int32).tobytes())
-        else:
-            self._ids.append(input_ids)
-            self._labels.append(labels)
+@dataclass
+class Spilled:
+    """What a part's spill tells the driver: per kept sequence, its length and record number."""
+
+    lengths: np.ndarray  # int32
+    numbers: np.ndarray  # int32, the record's number within its part
+
+
+class TokenSpill:
+    """Writes one part's sequences to its two files under ``cache_dir`` (an encode worker's output)."""
+
+    def __init__(self, cache_dir: Path, part: int):
+        self._lengths = array("i")  # 4 bytes a sequence, not a Python int object each
+        self._numbers = array("i")
+        self._files = (open(spill_path(cache_dir, part, "ids"), "wb"), open(spill_path(cache_dir, part, "labels"), "wb"))
+
+    def append(self, input_ids: np.ndarray, labels: np.ndarray, number: int) -> None:
+        self._files[0].write(np.ascontiguousarray(input_ids, dtype=np.int32).tobytes())
+        self._files[1].write(np.ascontiguousarray(labels, dtype=np.int32).tobytes())
         self._lengths.append(len(input_ids))
-        self._sources.append(source_index)
+        self._numbers.append(number)
 
-    def build(self) -> TokenStore:
-        offsets = np.zeros(len(self._lengths) + 1, dtype=np.int64)
-        np.cumsum(np.frombuffer(self._lengths, dtype=np.int64), out=offsets[1:])
-        sources = np.frombuffer(self._sources, dtype=np.int64).copy()
-        if self._files is not None:
-            for handle in self._files:
-                handle.close()
-            return TokenStore(offsets, sources, cache_dir=self.cache_dir)
-        concat = lambda parts: np.concatenate(parts).astype(np.int32, copy=False) if parts else np.zeros(0, np.int32)  # noqa: E731
-        return TokenStore(offsets, sources, concat(self._ids), concat(self._labels))
+    def finish(self) -> Spilled:
+        for handle in self._files:
+            handle.close()
+        return Spilled(np.frombuffer(self._lengths, dtype=np.int32).copy(),
+                       np.frombuffer(self._numbers, dtype=np.int32).copy())
 
 
 @dataclass

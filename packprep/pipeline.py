@@ -10,24 +10,25 @@ import json
 import os
 import shutil
 from dataclasses import asdict, dataclass, fields
+from functools import partial
 
 import numpy as np
 
 from . import __version__, plan
 from .card import length_histograms, render_card
 from .encode import FATES, PACKED, SPLIT, TRUNCATED, Encoding, Ledger
+from .engines import ENGINES, Engine, make_engine
 from .errors import ConfigError, InputError
 from .layout import DEFAULT_LAYOUT, get_layout
-from .materialize import Segments, TokenStore, TokenStoreBuilder
+from .materialize import Segments, TokenSpill, TokenStore
 from .normalize import CHANGES, CONSECUTIVE, FORMATS, LEADING, SYSTEM, Rejected
 from .packing import ROW_ORDERS, STRATEGY_TABLE, Bins, lower_bound, order_bins
 from .plan import check_overlong, check_strategy, overlong_fates, plan_bins
 from .progress import Progress
-from .read import Source, file_sha256, resolve_inputs
+from .read import Part, Source, file_sha256, resolve_inputs
 from .tokenize import BACKENDS, IGNORE_INDEX, TRAIN_ON, tokenizer_fingerprint
 from .write import SHARD_FORMATS, OutputFolder, parse_size, write_shards
 
-ENGINES = ("local", "ray")
 ON_ERROR = ("skip", "fail")
 
 
@@ -111,28 +112,39 @@ def pack(
     Output is identical for any ``num_proc`` (default: all cores). ``engine="ray"`` tokenizes on a
     Ray cluster (``ray_address``, or a local instance) and gives the same bytes as ``"local"``.
     """
-    if engine not in ENGINES:
-        raise ConfigError(f"--engine must be one of {', '.join(ENGINES)}")
     config = PackConfig.from_settings(settings)
     layout = get_layout(layout)
     sources = resolve_inputs([inputs] if isinstance(inputs, str) else list(inputs))
     folder = OutputFolder(output, overwrite)
     folder.check()
-    encoding = Encoding.open(sources, tokenizer, config)
-    num_proc = max(1, num_proc or os.cpu_count() or 1)
+    runner = make_engine(engine, num_proc, ray_address)
+    try:
+        encoding = Encoding.open(sources, tokenizer, config)
+        return _pack_into(folder, encoding, config, layout, runner, progress)
+    finally:
+        runner.close()
 
+
+def _pack_into(folder: OutputFolder, encoding: Encoding, config: PackConfig, layout, engine: Engine,
+               progress: bool) -> dict:
     with folder.staging() as tmp:
         if layout.name != DEFAULT_LAYOUT:  # canonical rows first, verified, then exported into tmp
             tmp = tmp / ".canonical"
             (tmp / "data").mkdir(parents=True)
         ledger = Ledger(config.on_error, tmp / "rejects.jsonl")
+        cache = tmp / "token-cache"  # tokens spill to disk, a file pair a part: memory does not grow with the data
+        cache.mkdir()
         with ledger, Progress(progress, None, "read+tokenize", "conv") as bar:
-            builder = TokenStoreBuilder(tmp / "token-cache")  # tokens spill to disk: memory does not grow with the data
-            for batch in encoding.batches(ledger, num_proc, engine, ray_address):
-                bar.update(len(batch), _keep(batch, builder, config, ledger))
-            store = builder.build()
+            spills, bases = [], []
+            sink = partial(PackSink, cache, config.max_len, config.overlong)
+            for result in encoding.run(engine, ledger, sink):
+                bases.append(len(ledger.status) - result.records)
+                spills.append(result.payload)
+                bar.update(result.records, result.tokens)
+            store = TokenStore.from_spills(cache, spills, bases)
+            del spills
         if len(store) == 0:
-            raise InputError(_nothing_to_pack(ledger, sources))
+            raise InputError(_nothing_to_pack(ledger, encoding.sources))
         with Progress(progress, len(store), "pack", "seq") as bar:
             bins = _pack(store, config, ledger)
             bar.update(len(store))
@@ -140,7 +152,7 @@ def pack(
         with Progress(progress, segments.offsets.size - 1, "write", "rows") as bar:
             shards = write_shards(
                 tmp, store, segments, config.max_len, config.shard_format, parse_size(config.shard_size), bar,
-                num_proc,
+                engine,
             )
         shutil.rmtree(store.cache_dir)
         manifest = _manifest(config, encoding, ledger, store, segments, shards)
@@ -173,37 +185,46 @@ def _nothing_to_pack(ledger: Ledger, sources: list[Source]) -> str:
     )
 
 
-def _keep(batch, builder: TokenStoreBuilder, config: PackConfig, ledger: Ledger) -> int:
-    """Apply the ``--overlong`` rule to a batch of encoded records, in input order, and keep what
-    stays; return the tokens kept."""
-    max_len = config.max_len
-    lengths = np.array([0 if isinstance(item, Rejected) else len(item.input_ids) for *_, item in batch], np.int64)
-    within = None
-    if config.overlong == "truncate" and (lengths > max_len).any():
-        within = [int((item.labels[1:max_len] != IGNORE_INDEX).sum()) if n > max_len else 1
-                  for (*_, item), n in zip(batch, lengths.tolist())]
-    tokens = 0
-    for (source_index, record, conversation, item), fate in zip(batch, overlong_fates(lengths, max_len, config.overlong,
-                                                                                         within)):
-        item = ledger.accept(record, source_index, item)
-        if item is None:
-            continue
-        ids, labels = item.input_ids, item.labels
-        if fate == plan.DROPPED:
-            reason = f"{len(ids)} tokens, longer than --max-len {max_len} (--overlong drop)"
-            ledger.reject(record, source_index, reason, "overlong")
-            continue
-        if fate == plan.EMPTIED:
-            reason = f"{len(ids)} tokens; no supervised token is left after truncation to --max-len {max_len}"
-            ledger.reject(record, source_index, reason, "overlong")
-            continue
-        if fate == plan.TRUNCATED:
-            ids, labels = ids[:max_len], labels[:max_len]
-            ledger.status[source_index] = TRUNCATED
-        ledger.keep(conversation, item)
-        builder.append(ids, labels, source_index)
-        tokens += len(ids)
-    return tokens
+class PackSink:
+    """pack's encode sink, run in the workers: apply the ``--overlong`` rule to each encoded record,
+    in input order, and spill what stays to the part's token files."""
+
+    def __init__(self, cache_dir, max_len: int, overlong: str, part: Part):
+        self.max_len, self.overlong = max_len, overlong
+        self.spill = TokenSpill(cache_dir, part.number)
+
+    def take(self, batch, ledger: Ledger) -> int:
+        max_len = self.max_len
+        lengths = np.array([0 if isinstance(item, Rejected) else len(item.input_ids) for *_, item in batch], np.int64)
+        within = None
+        if self.overlong == "truncate" and (lengths > max_len).any():
+            within = [int((item.labels[1:max_len] != IGNORE_INDEX).sum()) if n > max_len else 1
+                      for (*_, item), n in zip(batch, lengths.tolist())]
+        tokens = 0
+        for (number, record, conversation, item), fate in zip(batch, overlong_fates(lengths, max_len, self.overlong,
+                                                                                      within)):
+            item = ledger.accept(record, number, item)
+            if item is None:
+                continue
+            ids, labels = item.input_ids, item.labels
+            if fate == plan.DROPPED:
+                reason = f"{len(ids)} tokens, longer than --max-len {max_len} (--overlong drop)"
+                ledger.reject(record, number, reason, "overlong")
+                continue
+            if fate == plan.EMPTIED:
+                reason = f"{len(ids)} tokens; no supervised token is left after truncation to --max-len {max_len}"
+                ledger.reject(record, number, reason, "overlong")
+                continue
+            if fate == plan.TRUNCATED:
+                ids, labels = ids[:max_len], labels[:max_len]
+                ledger.status[number] = TRUNCATED
+            ledger.keep(conversation, item)
+            self.spill.append(ids, labels, number)
+            tokens += len(ids)
+        return tokens
+
+    def finish(self):
+        return self.spill.finish()
 
 
 def _pack(store: TokenStore, config: PackConfig, ledger: Ledger) -> Bins:

@@ -293,11 +293,17 @@ def _read_jsonl(path: str) -> Iterator[Record]:
     if _first_character(path) == "[":  # a JSON array saved as .jsonl: read it as the array it is
         yield from _read_json(path)
         return
+    yield from _jsonl_records(path, _open_text(path), 0)
+
+
+def _jsonl_records(path: str, handle: io.TextIOBase, first_byte: int) -> Iterator[Record]:
+    """The records of JSONL text that starts ``first_byte`` bytes into the (decompressed) file;
+    index and line count from this text's start."""
     index = 0
     line_no = 0
-    offset = 0  # bytes of (decompressed) text read so far
+    offset = first_byte  # bytes of (decompressed) text read so far
     try:
-        with _open_text(path) as handle:
+        with handle:
             for line_no, line in enumerate(handle, start=1):
                 start = offset
                 try:
@@ -321,6 +327,8 @@ def _read_jsonl(path: str) -> Iterator[Record]:
                         yield Record(path, index, line_no, data=data)
                 index += 1
     except (OSError, EOFError) as exc:
+        if first_byte:  # a later part of a file: its line numbers are not known here
+            raise InputError(f"{path}: cannot read past byte {offset} of the decompressed text: {exc}") from exc
         raise InputError(
             f"{path}: cannot read past line {line_no} (byte {offset} of the decompressed text, "
             f"after {index} records): {exc}"
@@ -387,7 +395,8 @@ def _json_type(value: Any) -> str:
     return {bool: "boolean", int: "number", float: "number", str: "string"}.get(type(value), type(value).__name__)
 
 
-def _read_table_batches(path: str, batches: Iterator[Any]) -> Iterator[Record]:
+def _read_table_batches(path: str, batches: Iterator[Any], first_record: int = 0) -> Iterator[Record]:
+    """Records of record batches, numbered from 0; ``first_record``: records of the file before them."""
     index = 0
     batches = iter(batches)
     while True:
@@ -395,7 +404,7 @@ def _read_table_batches(path: str, batches: Iterator[Any]) -> Iterator[Record]:
             batch = next(batches, None)
             rows = None if batch is None else batch.to_pylist()
         except Exception as exc:  # pyarrow raises OSError, ArrowInvalid, ...
-            raise InputError(f"{path}: cannot read past record {index}: {str(exc).strip()}") from exc
+            raise InputError(f"{path}: cannot read past record {first_record + index}: {str(exc).strip()}") from exc
         if rows is None:
             return
         for row in rows:
@@ -456,3 +465,154 @@ def _read_hub(repo_id: str) -> Iterator[Record]:
             f"{repo_id}: not a local file and could not be loaded from the Hugging Face Hub: {exc}"
         ) from exc
     yield from _read_table_batches(repo_id, loaded.data.to_batches(max_chunksize=1024))
+
+
+# ---------------------------------------------------------------------------- parts
+
+PART_BYTES = 64 << 20  # the largest part; smaller ones spread a small input over every worker
+MIN_PART_BYTES = 1 << 20
+COMPRESSED_SUFFIXES = (".gz", ".zst")
+
+
+@dataclass(frozen=True)
+class Part:
+    """A piece of one input that a worker reads on its own: a byte range of a JSONL file (both
+    ends just after a newline), a range of Parquet row groups or Arrow record batches, or a whole
+    file. ``first`` and ``stop`` are bytes, row groups or record batches, by ``kind``; stop
+    None is the end. Records read from a part are numbered from the part's start."""
+
+    number: int  # position among the run's parts: results are merged in this order
+    source: int  # position of the input among the run's sources
+    path: str
+    kind: str  # a Source kind, or "jsonl-range", "parquet-groups", "arrow-batches"
+    first: int = 0
+    stop: int | None = None
+    first_record: int = 0  # records of the file before this part, where known before reading (tables)
+
+
+def plan_parts(sources: list[Source], workers: int) -> list[Part]:
+    """Cut the inputs into parts: about eight a worker, none over ``PART_BYTES``. Uncompressed JSONL
+    is cut at newlines, Parquet at row groups, Arrow IPC files at record batches; every other input
+    (a JSON array, compressed JSONL, an Arrow stream, a saved dataset, a Hub id) is one part."""
+    sizes = [os.path.getsize(s.path) if os.path.isfile(s.path) else 0 for s in sources]
+    target = min(PART_BYTES, max(MIN_PART_BYTES, sum(sizes) // max(1, workers * 8)))
+    parts: list[Part] = []
+    for number, (source, size) in enumerate(zip(sources, sizes)):
+        pieces = None
+        try:
+            if source.kind == "jsonl" and not source.path.endswith(COMPRESSED_SUFFIXES) and size > target:
+                pieces = [("jsonl-range", a, b, 0) for a, b in _newline_cuts(source.path, size, target)]
+            elif source.kind == "parquet":
+                pieces = _parquet_pieces(source.path, target)
+            elif source.kind == "arrow":
+                pieces = _arrow_pieces(source.path, target)
+        except Exception:  # an unreadable file: its one part's reader reports it, naming the file
+            pieces = None
+        for kind, first, stop, first_record in pieces or [(source.kind, 0, None, 0)]:
+            parts.append(Part(len(parts), number, source.path, kind, first, stop, first_record))
+    return parts
+
+
+def _newline_cuts(path: str, size: int, target: int) -> list[tuple[int, int]]:
+    """Byte ranges of about ``target`` bytes, each ending just after a newline (or at the end)."""
+    if _first_character(path) == "[":  # a JSON array named .jsonl is read whole
+        return [(0, size)]
+    cuts = [0]
+    with open(path, "rb") as handle:
+        for guess in range(target, size, target):
+            if guess <= cuts[-1]:
+                continue
+            handle.seek(guess - 1)
+            while True:
+                block = handle.read(1 << 16)
+                if not block:
+                    break
+                newline = block.find(b"\n")
+                if newline >= 0:
+                    cut = handle.tell() - len(block) + newline + 1
+                    if cut < size:
+                        cuts.append(cut)
+                    break
+    cuts.append(size)
+    return list(zip(cuts[:-1], cuts[1:]))
+
+
+def _parquet_pieces(path: str, target: int) -> list[tuple]:
+    import pyarrow.parquet as pq
+
+    metadata = pq.ParquetFile(path).metadata
+    sizes = [metadata.row_group(i).total_byte_size for i in range(metadata.num_row_groups)]
+    rows = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
+    return _grouped("parquet-groups", sizes, rows, target)
+
+
+def _arrow_pieces(path: str, target: int) -> list[tuple] | None:
+    import pyarrow as pa
+
+    with open(path, "rb") as handle:
+        if handle.read(6) != b"ARROW1":
+            return None  # an IPC stream: batches can only be reached in order
+    reader = pa.ipc.open_file(pa.memory_map(path))
+    batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+    return _grouped("arrow-batches", [b.nbytes for b in batches], [b.num_rows for b in batches], target)
+
+
+def _grouped(kind: str, sizes: list[int], rows: list[int], target: int) -> list[tuple]:
+    """Runs of consecutive units (row groups, batches) of about ``target`` bytes together."""
+    pieces, first, acc, before, first_record = [], 0, 0, 0, 0
+    for unit, (size, count) in enumerate(zip(sizes, rows)):
+        if acc and acc + size > target:
+            pieces.append((kind, first, unit, first_record))
+            first, acc, first_record = unit, 0, before
+        acc += size
+        before += count
+    pieces.append((kind, first, len(sizes), first_record))
+    return pieces
+
+
+def read_part(part: Part) -> Iterator[Record]:
+    """Yield the records of one part, numbered from the part's start."""
+    if part.kind == "jsonl-range":
+        if part.first == 0:
+            _check_text(part.path)
+        raw = open(part.path, "rb")
+        raw.seek(part.first)
+        limited = io.BufferedReader(_Range(raw, part.stop - part.first), 1 << 20)
+        encoding = "utf-8-sig" if part.first == 0 else "utf-8"
+        text = io.TextIOWrapper(limited, encoding=encoding, errors="surrogateescape", newline="")
+        yield from _jsonl_records(part.path, text, part.first)
+    elif part.kind == "parquet-groups":
+        import pyarrow.parquet as pq
+
+        batches = pq.ParquetFile(part.path).iter_batches(batch_size=1024, row_groups=range(part.first, part.stop))
+        yield from _read_table_batches(part.path, batches, part.first_record)
+    elif part.kind == "arrow-batches":
+        import pyarrow as pa
+
+        reader = pa.ipc.open_file(pa.memory_map(part.path))
+        batches = (piece for i in range(part.first, part.stop) for piece in _slices(reader.get_batch(i), 1024))
+        yield from _read_table_batches(part.path, batches, part.first_record)
+    else:
+        yield from read_records(Source(part.path, part.kind))
+
+
+class _Range(io.RawIOBase):
+    """The next ``size`` bytes of an open file, then end of file."""
+
+    def __init__(self, raw, size: int):
+        self._raw, self._left = raw, size
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        if self._left <= 0:
+            return 0
+        view = memoryview(buffer)[: self._left]
+        got = self._raw.readinto(view)
+        self._left -= got or 0
+        return got or 0
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()

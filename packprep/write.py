@@ -12,11 +12,10 @@ import hashlib
 import os
 import re
 import shutil
-import multiprocessing
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -27,6 +26,9 @@ from .errors import ConfigError, OutputError
 from .layout import ROW_SCHEMA
 from .materialize import Segments, TokenStore, materialize
 from .read import file_sha256
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .engines import Engine
 
 SHARD_FORMATS = ("parquet", "arrow")
 BYTES_PER_TOKEN = 12  # input_ids + labels + position_ids, int32 each
@@ -154,77 +156,65 @@ def write_shards(
     shard_format: str = "parquet",
     shard_bytes: int = 500_000_000,
     progress=None,
-    num_proc: int = 1,
+    engine: "Engine | None" = None,
 ) -> list[dict]:
     """Write all rows of ``segments`` as shards under ``folder/data``; return their manifest entries.
 
-    With ``num_proc`` > 1 the shards are written by that many forked processes, one shard each at
-    a time; every shard is written the same way whoever writes it, so the bytes do not depend on
-    ``num_proc``. Memory: each writer holds about two row groups (``ROW_GROUP_TOKENS`` tokens), and
-    at most ``WRITERS_MEMORY // WRITER_BYTES`` writers run at once.
+    The shards are written by ``engine``'s workers (default: this process), one shard a task; every
+    shard is written the same way whoever writes it, so the bytes do not depend on the engine.
+    Memory: each writer holds about two row groups (``ROW_GROUP_TOKENS`` tokens), and at most
+    ``WRITERS_MEMORY // WRITER_BYTES`` writers run at once.
     """
+    from .engines import LocalEngine
+
     row_lengths = segments.row_lengths()
     plan = plan_shards(row_lengths, np.diff(segments.offsets), shard_bytes)
-    job = _ShardJob(folder, store, segments, row_lengths, max_len, shard_format, len(plan))
-    writers = min(num_proc, len(plan), max(1, WRITERS_MEMORY // WRITER_BYTES))
-    if writers <= 1:
-        entries = [job.write(index, first, last, progress) for index, (first, last) in enumerate(plan)]
-    else:
-        global _JOB
-        _JOB = job  # forked writers inherit the job: the token store and piece list are not pickled
-        try:
-            with ProcessPoolExecutor(writers, multiprocessing.get_context("fork")) as pool:
-                futures = [pool.submit(_write_in_worker, index, first, last) for index, (first, last) in enumerate(plan)]
-                entries = []
-                for future, (first, last) in zip(futures, plan):
-                    entries.append(future.result())
-                    if progress is not None:
-                        progress.update(last - first, int(row_lengths[first:last].sum()))
-        finally:
-            _JOB = None
+    job = ShardJob(folder, store, segments, max_len, shard_format, len(plan))
+    writers = max(1, WRITERS_MEMORY // WRITER_BYTES)
+    entries = []
+    for (first, last), entry in zip(plan, (engine or LocalEngine()).map(write_shard, job, [
+            (index, first, last) for index, (first, last) in enumerate(plan)], workers=writers)):
+        entries.append(entry)
+        if progress is not None:
+            progress.update(last - first, entry["tokens"])
     if shard_format == "arrow":
         write_arrow_dataset_state(folder / "data", entries)
     return entries
 
 
-class _ShardJob:
-    """What writing one shard needs; shared by the writing processes."""
+class ShardJob:
+    """What writing any shard needs: the write stage's context (the token store's index, the pieces)."""
 
-    def __init__(self, folder, store, segments, row_lengths, max_len, shard_format, count):
-        self.folder, self.store, self.segments, self.row_lengths = folder, store, segments, row_lengths
+    def __init__(self, folder, store, segments, max_len, shard_format, count):
+        self.folder, self.store, self.segments = folder, store, segments
         self.rows_per_group = max(1, ROW_GROUP_TOKENS // max(1, max_len))
         self.shard_format, self.count = shard_format, count
 
-    def write(self, index: int, first: int, last: int, progress=None) -> dict:
-        """Write rows ``[first, last)`` as shard ``index``; return its manifest entry."""
-        name = shard_name(index, self.count, self.shard_format)
-        path = self.folder / name
-        supervised = 0
-        step = self.rows_per_group
-        groups = [(lo, min(last, lo + step)) for lo in range(first, last, step)]
-        with shard_writer(path, self.shard_format) as write, ThreadPoolExecutor(1) as ahead:
-            # the next row group is gathered while this one is compressed (both release the GIL)
-            tables = _prefetched(ahead, lambda lo, hi: materialize(self.store, self.segments.select(lo, hi)), groups)
-            for (lo, hi), table in zip(groups, tables):
-                supervised += pc.sum(pc.not_equal(pc.list_flatten(table.column("labels")), -100)).as_py() or 0
-                write(table)
-                if progress is not None:
-                    progress.update(hi - lo, int(self.row_lengths[lo:hi].sum()))
-        return {
-            "path": name,
-            "rows": last - first,
-            "tokens": int(self.row_lengths[first:last].sum()),
-            "supervised_tokens": supervised,
-            "bytes": path.stat().st_size,
-            "sha256": file_sha256(path),
-        }
 
-
-_JOB: _ShardJob | None = None
-
-
-def _write_in_worker(index: int, first: int, last: int) -> dict:
-    return _JOB.write(index, first, last)
+def write_shard(job: ShardJob, shard: tuple[int, int, int]) -> dict:
+    """The write stage: write rows ``[first, last)`` as shard ``index``; return its manifest entry."""
+    index, first, last = shard
+    name = shard_name(index, job.count, job.shard_format)
+    path = job.folder / name
+    supervised = tokens = 0
+    step = job.rows_per_group
+    groups = [(lo, min(last, lo + step)) for lo in range(first, last, step)]
+    with shard_writer(path, job.shard_format) as write, ThreadPoolExecutor(1) as ahead:
+        # the next row group is gathered while this one is compressed (both release the GIL)
+        tables = _prefetched(ahead, lambda lo, hi: materialize(job.store, job.segments.select(lo, hi)), groups)
+        for table in tables:
+            labels = pc.list_flatten(table.column("labels"))
+            supervised += pc.sum(pc.not_equal(labels, -100)).as_py() or 0
+            tokens += len(labels)
+            write(table)
+    return {
+        "path": name,
+        "rows": last - first,
+        "tokens": tokens,
+        "supervised_tokens": supervised,
+        "bytes": path.stat().st_size,
+        "sha256": file_sha256(path),
+    }
 
 
 def _prefetched(pool, fn, calls):

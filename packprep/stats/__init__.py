@@ -38,6 +38,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from ..encode import Encoding, Ledger
+from ..engines import make_engine
 from ..errors import ConfigError
 from ..normalize import CHANGES
 from .collect import collect_folder, collect_inputs, distribution, log_histogram
@@ -99,10 +100,9 @@ def stats(
     config = PackConfig.from_settings({**settings, "max_len": max(max_lens)}, "stats")
     sources = resolve_inputs([str(path) for path in paths])
     encoding = Encoding.open(sources, tokenizer, config, min(max_lens))
-    num_proc = max(1, num_proc or os.cpu_count() or 1)
-
     tally = Ledger(config.on_error)
-    collected = collect_inputs(encoding, tally, max_lens, num_proc, progress)
+    engine = make_engine("local", num_proc)
+    collected = collect_inputs(encoding, tally, max_lens, engine, progress)
     lengths, supervised, turns = collected.lengths, collected.supervised, collected.turns
     table = what_if(
         lengths, supervised, max_lens, strategies,

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -17,6 +19,9 @@ from ..encode import Encoding, Ledger
 from ..errors import ConfigError, InputError
 from ..progress import Progress
 from ..tokenize import IGNORE_INDEX
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..engines import Engine
 
 
 @dataclass
@@ -30,40 +35,59 @@ class InputLengths:
     masked: dict[int, np.ndarray]  # per max_len L: trained labels at L, 2L, ... (first labels of pieces)
 
 
-def collect_inputs(encoding: Encoding, ledger: Ledger, max_lens: list[int], num_proc: int = 1,
+def collect_inputs(encoding: Encoding, ledger: Ledger, max_lens: list[int], engine: "Engine",
                    progress: bool = False) -> InputLengths:
-    """Encode every record as ``pack`` does; keep only lengths and label counts."""
-    lengths: list[int] = []
-    supervised: list[int] = []
-    turns: list[int] = []
-    within: dict[int, list[int]] = {m: [] for m in max_lens}
-    masked: dict[int, list[int]] = {m: [] for m in max_lens}
-    probes = np.asarray(max_lens, dtype=np.int64)
+    """Encode every record as ``pack`` does, on ``engine``; keep only lengths and label counts."""
+    parts: list[InputLengths] = []
     with Progress(progress, None, "read+tokenize", "conv") as bar:
-        for batch in encoding.batches(ledger, num_proc):
-            tokens = 0
-            for source_index, record, conversation, item in batch:
-                item = ledger.accept(record, source_index, item)
-                if item is None:
-                    continue
-                ledger.keep(conversation, item)
-                trained = item.labels != IGNORE_INDEX
-                trained[0] = False  # a packed sequence's first label is always -100
-                cumulative = np.cumsum(trained, dtype=np.int64)
-                n = len(item.input_ids)
-                tokens += n
-                lengths.append(n)
-                supervised.append(int(cumulative[-1]))
-                turns.append(len(conversation.messages) if conversation.messages is not None else 1)
-                # supervised tokens that survive truncation to each max_len
-                for m, value in zip(max_lens, cumulative[np.minimum(probes, n) - 1].tolist()):
-                    within[m].append(value)
-                    # trained labels at L, 2L, ...: the first labels of its pieces under split
-                    masked[m].append(int(trained[m::m].sum()) if n > m else 0)
-            bar.update(len(batch), tokens)
-    as_array = lambda values: np.asarray(values, dtype=np.int64)  # noqa: E731
-    return InputLengths(as_array(lengths), as_array(supervised), as_array(turns),
-                        {m: as_array(v) for m, v in within.items()}, {m: as_array(v) for m, v in masked.items()})
+        for result in encoding.run(engine, ledger, partial(LengthSink, tuple(max_lens))):
+            parts.append(result.payload)
+            bar.update(result.records, result.tokens)
+    join = lambda arrays: np.concatenate([np.zeros(0, np.int64)] + arrays)  # noqa: E731
+    return InputLengths(join([p.lengths for p in parts]), join([p.supervised for p in parts]),
+                        join([p.turns for p in parts]), {m: join([p.within[m] for p in parts]) for m in max_lens},
+                        {m: join([p.masked[m] for p in parts]) for m in max_lens})
+
+
+class LengthSink:
+    """stats' encode sink, run in the workers: a part's lengths and label counts, no tokens."""
+
+    def __init__(self, max_lens: tuple[int, ...], part=None):
+        self.max_lens = max_lens
+        self.lengths: list[int] = []
+        self.supervised: list[int] = []
+        self.turns: list[int] = []
+        self.within: dict[int, list[int]] = {m: [] for m in max_lens}
+        self.masked: dict[int, list[int]] = {m: [] for m in max_lens}
+
+    def take(self, batch, ledger: Ledger) -> int:
+        probes = np.asarray(self.max_lens, dtype=np.int64)
+        tokens = 0
+        for number, record, conversation, item in batch:
+            item = ledger.accept(record, number, item)
+            if item is None:
+                continue
+            ledger.keep(conversation, item)
+            trained = item.labels != IGNORE_INDEX
+            trained[0] = False  # a packed sequence's first label is always -100
+            cumulative = np.cumsum(trained, dtype=np.int64)
+            n = len(item.input_ids)
+            tokens += n
+            self.lengths.append(n)
+            self.supervised.append(int(cumulative[-1]))
+            self.turns.append(len(conversation.messages) if conversation.messages is not None else 1)
+            # supervised tokens that survive truncation to each max_len
+            for m, value in zip(self.max_lens, cumulative[np.minimum(probes, n) - 1].tolist()):
+                self.within[m].append(value)
+                # trained labels at L, 2L, ...: the first labels of its pieces under split
+                self.masked[m].append(int(trained[m::m].sum()) if n > m else 0)
+        return tokens
+
+    def finish(self) -> InputLengths:
+        as_array = lambda values: np.asarray(values, dtype=np.int64)  # noqa: E731
+        return InputLengths(as_array(self.lengths), as_array(self.supervised), as_array(self.turns),
+                            {m: as_array(v) for m, v in self.within.items()},
+                            {m: as_array(v) for m, v in self.masked.items()})
 
 
 def collect_folder(folder: Path, manifest: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
