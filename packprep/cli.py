@@ -18,6 +18,7 @@ from .layout import layout_names
 from .normalize import CONSECUTIVE, FORMATS, LEADING, SYSTEM, changes_text
 from .packing import ROW_ORDERS, STRATEGIES, STRATEGY_TABLE
 from .inspect import inspect_row
+from .engines import make_engine
 from .pipeline import ENGINES, ON_ERROR, PackConfig, pack as pack_
 from .stats import DEFAULT_MAX_LENS, DEFAULT_STRATEGIES, stats as stats_
 from .verify import verify as verify_
@@ -177,8 +178,9 @@ def pack(inputs, tokenizer, output, format_, num_proc, engine, ray_address, push
               "and renderer, and compare ids and labels (the inputs must be readable from here).")
 @click.option("--seed", default=_default(verify_, "seed"), show_default=True, type=int,
               help="Seed of the --retokenize sample.")
+@click.option("--num-proc", default=None, type=int, help="Processes checking shards [default: all cores].")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def verify(folder, retokenize, seed, as_json):
+def verify(folder, retokenize, seed, num_proc, as_json):
     """Re-read every shard of FOLDER and check the output contract.
 
     \b
@@ -192,10 +194,15 @@ def verify(folder, retokenize, seed, as_json):
     Examples:
       packprep verify packed/
       packprep verify packed/ --retokenize 200
+      packprep verify packed/ --num-proc 8
     """
     from .errors import EXIT_VERIFY
 
-    report = verify_(folder, retokenize=retokenize, seed=seed)
+    engine = make_engine("local", num_proc)
+    try:
+        report = verify_(folder, retokenize=retokenize, seed=seed, engine=engine)
+    finally:
+        engine.close()
     if as_json:
         click.echo(json.dumps({"ok": report.ok, "rows": report.rows, "sequences": report.sequences,
                                "tokens": report.tokens, "retokenized": report.retokenized,

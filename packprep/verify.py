@@ -19,6 +19,9 @@ Checks (each failure names the shard, the row and the check):
 * ``counts``       the manifest's counts add up to the records read, and match rows, sequences, tokens and rejects
 * ``retokenize``   (``retokenize=N``) N random sequences equal their input records rendered and tokenized
                    again with nothing the writer's fast paths use (see retokenize.py)
+
+Shards are checked independently (:func:`check_shard`, a stage of any engine); the driver merges
+their results in manifest order and judges the totals, so the report does not depend on the engine.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 
+from .engines import Engine, LocalEngine
 from .errors import ConfigError, InputError
 from .layout import ROW_SCHEMA, LayoutError, ShardReader, list_column, readable_layout
 from .normalize import load_schema
@@ -77,50 +81,63 @@ class Report:
         return not self.failures
 
 
-def verify(folder: str | Path, check_hashes: bool = True, retokenize: int = 0, seed: int = 0) -> Report:
+@dataclass(frozen=True)
+class ShardContext:
+    """What checking any shard needs: small and picklable, shipped once to each worker."""
+
+    folder: Path
+    layout: str | None
+    max_len: int
+    may_exceed: bool
+    check_hashes: bool
+    records: int
+
+
+@dataclass
+class ShardCheck:
+    """One shard's failures and totals; ``sources``: the input records its rows hold (unique,
+    in-range only), so that the driver judges coverage without the rows."""
+
+    failures: list[Failure] = field(default_factory=list)
+    complete: bool = True  # every row was read and checked: only then may the totals be judged
+    rows: int = 0
+    sequences: int = 0
+    tokens: int = 0
+    supervised: int = 0
+    sources: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+
+def verify(folder: str | Path, check_hashes: bool = True, retokenize: int = 0, seed: int = 0,
+           engine: Engine | None = None) -> Report:
     """Check ``folder`` against the output contract; never raises on bad data, reports it.
 
     ``retokenize=N`` also rebuilds N randomly chosen sequences (``seed``) from the input records
     the manifest names and compares ids and labels (the inputs must be readable from here).
+    ``engine`` checks the shards in parallel (default: one by one in this process); the report
+    is the same with any engine.
     """
     folder = Path(folder)
     report = Report()
     manifest = _load_manifest(folder, report)
     if manifest is None:
         return report
-    layout = manifest.get("layout")
-    max_len = manifest["config"]["max_len"]
-    may_exceed = manifest.get("rows_may_exceed_max_len", False)
-    records = manifest["counts"]["records"]
-    seen = np.zeros(records, dtype=np.int64)
+    context = ShardContext(folder, manifest.get("layout"), manifest["config"]["max_len"],
+                           manifest.get("rows_may_exceed_max_len", False), check_hashes,
+                           manifest["counts"]["records"])
+    seen = np.zeros(context.records, dtype=bool)
     supervised = 0
     # Totals (coverage, row/token counts) are only judged when every shard could be read and its
     # rows checked: otherwise they would only repeat the failure above as a second, wrong one.
     complete = True
-    for shard in manifest["shards"]:
-        path = folder / shard["path"]
-        if not path.is_file():
-            report.failures.append(Failure("shard_file", "listed in the manifest but missing", shard["path"]))
-            complete = False
-            continue
-        if check_hashes and file_sha256(path) != shard["sha256"]:
-            report.failures.append(Failure("shard_file", "sha256 differs from the manifest", shard["path"]))
-        shard_rows = 0
-        for table in _shard_tables(path, report, shard["path"], layout):  # one row group at a time: bounded memory
-            checked = None if table is None else _check_rows(
-                table, shard["path"], max_len, may_exceed, seen, report, first_row=shard_rows
-            )
-            if checked is None:
-                break
-            shard_rows += table.num_rows
-            supervised += checked
-        else:
-            if shard_rows != shard["rows"]:
-                report.failures.append(
-                    Failure("shard_file", f"{shard_rows} rows, manifest says {shard['rows']}", shard["path"])
-                )
-            continue
-        complete = False
+    shards = manifest["shards"]  # (no more workers than shards: a single shard is checked here, unforked)
+    for shard in (engine or LocalEngine(1)).map(check_shard, context, shards, workers=max(1, len(shards))):
+        report.failures.extend(shard.failures)
+        report.rows += shard.rows
+        report.sequences += shard.sequences
+        report.tokens += shard.tokens
+        supervised += shard.supervised
+        seen[shard.sources] = True
+        complete = complete and shard.complete
     indices_valid = not any(f.check == "source_index" for f in report.failures)
     _check_coverage(folder, manifest, seen, report, judge_packed=complete and indices_valid)
     _check_counts(manifest, report, supervised if complete else None)
@@ -130,6 +147,31 @@ def verify(folder: str | Path, check_hashes: bool = True, retokenize: int = 0, s
         report.retokenized, failures = retokenize_check(folder, manifest, retokenize, seed)
         report.failures.extend(Failure("retokenize", message, shard, row) for shard, message, row in failures)
     return report
+
+
+def check_shard(context: ShardContext, shard: dict) -> ShardCheck:
+    """Check one shard the manifest lists (``shard``: its manifest entry), one row group at a time."""
+    check = ShardCheck()
+    path = context.folder / shard["path"]
+    if not path.is_file():
+        check.failures.append(Failure("shard_file", "listed in the manifest but missing", shard["path"]))
+        check.complete = False
+        return check
+    if context.check_hashes and file_sha256(path) != shard["sha256"]:
+        check.failures.append(Failure("shard_file", "sha256 differs from the manifest", shard["path"]))
+    sources = []
+    for table in _shard_tables(path, check.failures, shard["path"], context.layout):  # bounded memory
+        if table is None or not _check_rows(table, shard["path"], context, check, sources, first_row=check.rows):
+            check.complete = False
+            break
+    else:
+        if check.rows != shard["rows"]:
+            check.failures.append(
+                Failure("shard_file", f"{check.rows} rows, manifest says {shard['rows']}", shard["path"])
+            )
+    if sources:  # the smallest integer type that holds every record index: less to send back
+        check.sources = np.unique(np.concatenate(sources)).astype(np.min_scalar_type(context.records))
+    return check
 
 
 def read_manifest(folder: str | Path) -> dict:
@@ -179,7 +221,7 @@ def _check_listed_files(folder: Path, manifest: dict, report: Report) -> None:
             report.failures.append(Failure("shard_file", "sha256 differs from the manifest", name))
 
 
-def _shard_tables(path: Path, report: Report, name: str, layout=None) -> Iterator[pa.Table | None]:
+def _shard_tables(path: Path, failures: list[Failure], name: str, layout=None) -> Iterator[pa.Table | None]:
     """The shard's rows (canonical names), one row group (Parquet) or record batch (Arrow) at a
     time; None (after recording why) where it cannot be read or has the wrong schema."""
     try:
@@ -187,7 +229,7 @@ def _shard_tables(path: Path, report: Report, name: str, layout=None) -> Iterato
         schema = reader.schema
         chunks = reader.tables()
         if not schema.equals(ROW_SCHEMA):
-            report.failures.append(
+            failures.append(
                 Failure("schema", f"columns {schema.to_string(show_schema_metadata=False)!r} "
                         f"differ from packed_row.schema.json", name)
             )
@@ -196,7 +238,7 @@ def _shard_tables(path: Path, report: Report, name: str, layout=None) -> Iterato
         for table in chunks:
             yield table.combine_chunks()
     except Exception as exc:
-        report.failures.append(Failure("shard_file", f"unreadable: {exc}", name))
+        failures.append(Failure("shard_file", f"unreadable: {exc}", name))
         yield None
 
 
@@ -205,14 +247,15 @@ def _first_row(offsets: np.ndarray, bad_positions: np.ndarray) -> int:
     return int(np.searchsorted(offsets, bad_positions[0], side="right") - 1)
 
 
-def _check_rows(table, name, max_len, may_exceed, seen, report, first_row: int = 0) -> int | None:
-    """Check every row of one shard; return its supervised tokens, or None if its rows are malformed."""
+def _check_rows(table, name, context: ShardContext, check: ShardCheck, sources: list, first_row: int = 0) -> bool:
+    """Check the rows of one row group into ``check`` (its in-range source indices into ``sources``);
+    False if they are malformed (nothing counted)."""
     ids, tok_off = list_column(table, "input_ids")
     labels, lab_off = list_column(table, "labels")
     pos, pos_off = list_column(table, "position_ids")
     seq_lens, seq_off = list_column(table, "seq_lens")
-    sources, src_off = list_column(table, "source_index")
-    fail = lambda check, row, message: report.failures.append(Failure(check, message, name, first_row + row))  # noqa: E731
+    source_index, src_off = list_column(table, "source_index")
+    fail = lambda kind, row, message: check.failures.append(Failure(kind, message, name, first_row + row))  # noqa: E731
 
     row_len = np.diff(tok_off)
     seq_cumsum = np.concatenate([[0], np.cumsum(seq_lens, dtype=np.int64)])
@@ -227,10 +270,10 @@ def _check_rows(table, name, max_len, may_exceed, seen, report, first_row: int =
     for mask, message in problems:
         if mask.any():
             fail("lengths", int(np.argmax(mask)), message)
-            return None
+            return False
     if (seq_lens < 1).any():
         fail("lengths", _first_row(seq_off, np.flatnonzero(seq_lens < 1)), "a seq_len is below 1")
-        return None
+        return False
 
     # Expected position ids: 0..len-1 within every packed sequence.
     seq_start = np.cumsum(seq_lens) - seq_lens
@@ -245,22 +288,23 @@ def _check_rows(table, name, max_len, may_exceed, seen, report, first_row: int =
     bad = np.flatnonzero((labels != -100) & (labels != ids))
     if len(bad):
         fail("labels", _first_row(tok_off, bad), "a label is neither -100 nor its input id")
-    if not may_exceed and (row_len > max_len).any():
-        row = int(np.argmax(row_len > max_len))
-        fail("max_len", row, f"row of {int(row_len[row])} tokens exceeds max_len {max_len}")
-    out_of_range = (sources < 0) | (sources >= len(seen))
+    if not context.may_exceed and (row_len > context.max_len).any():
+        row = int(np.argmax(row_len > context.max_len))
+        fail("max_len", row, f"row of {int(row_len[row])} tokens exceeds max_len {context.max_len}")
+    out_of_range = (source_index < 0) | (source_index >= context.records)
     if out_of_range.any():
         fail("source_index", _first_row(src_off, np.flatnonzero(out_of_range)), "source_index is not an input record")
     else:
-        np.add.at(seen, sources, 1)
-    report.rows += table.num_rows
-    report.sequences += len(seq_lens)
-    report.tokens += len(ids)
-    return int((labels != -100).sum())
+        sources.append(source_index)
+    check.rows += table.num_rows
+    check.sequences += len(seq_lens)
+    check.tokens += len(ids)
+    check.supervised += int((labels != -100).sum())
+    return True
 
 
 def _check_coverage(folder: Path, manifest: dict, seen: np.ndarray, report: Report, judge_packed: bool = True) -> None:
-    """Every record packed or rejected, never both; ``judge_packed`` False: rejects.jsonl alone."""
+    """Every record packed (``seen``) or rejected, never both; ``judge_packed`` False: rejects.jsonl alone."""
     rejected = np.zeros(len(seen), dtype=np.int64)
     path = folder / "rejects.jsonl"
     if path.exists():
@@ -282,12 +326,12 @@ def _check_coverage(folder: Path, manifest: dict, seen: np.ndarray, report: Repo
         report.failures.append(Failure("coverage", f"record {int(twice[0])} is rejected more than once"))
     if not judge_packed:
         return
-    missing = np.flatnonzero((seen == 0) & (rejected == 0))
+    missing = np.flatnonzero(~seen & (rejected == 0))
     if len(missing):
         report.failures.append(
             Failure("coverage", f"{len(missing)} input records are neither packed nor rejected (first: {int(missing[0])})")
         )
-    both = np.flatnonzero((seen > 0) & (rejected > 0))
+    both = np.flatnonzero(seen & (rejected > 0))
     if len(both):
         report.failures.append(Failure("coverage", f"record {int(both[0])} is both packed and rejected"))
 

@@ -5,12 +5,14 @@ corrupted in exactly one way; a shard that is rewritten is then "re-sealed" (its
 row, token and supervised counts written back into the manifest, as a buggy writer would), so
 that the only promise broken is the one under test. The test asserts that ``verify`` reports
 exactly that check (with the shard and row where it applies), and that ``packprep verify``
-exits 4 naming it.
+exits 4 naming it. Every report is also computed with shards checked in parallel
+(``LocalEngine(2)``, more shards than workers) and must equal the inline one, failures in order.
 """
 
 from __future__ import annotations
 
 import json
+import pickle
 import shutil
 from pathlib import Path
 
@@ -22,27 +24,43 @@ from click.testing import CliRunner
 
 import packprep
 from packprep.cli import main
+from packprep.engines import LocalEngine
 from packprep.errors import EXIT_VERIFY
 from packprep.materialize import ROW_SCHEMA
 from packprep.read import file_sha256
-from packprep.verify import CHECKS, verify
+from packprep.verify import CHECKS, Report, check_shard, verify
 
 from .conftest import EXAMPLE_CHATS, EXAMPLE_TOKENIZER, FIXTURES, fixture_tokenizer
 
 MAX_LEN = 512
 TARGET = 1  # the shard that gets corrupted (not the first, so the report must name the right one)
+WORKERS = 2
 
 
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory) -> Path:
-    """A valid output of the bundled example: several shards, truncated and rejected records."""
+    """A valid output of the bundled example: more shards than WORKERS, truncated and rejected records."""
     tokenizer = fixture_tokenizer("llama3") if FIXTURES.is_dir() else str(EXAMPLE_TOKENIZER)
     out = tmp_path_factory.mktemp("verify") / "packed"
     manifest = packprep.pack(str(EXAMPLE_CHATS), str(out), tokenizer, num_proc=1, max_len=MAX_LEN,
-                             shard_size="200KB")
-    assert len(manifest["shards"]) >= 2
+                             shard_size="100KB")
+    assert len(manifest["shards"]) >= 2 * WORKERS
     assert manifest["counts"]["rejected"] > 0 and (out / "rejects.jsonl").is_file()
     return out
+
+
+class RecordingEngine(LocalEngine):
+    """``LocalEngine(WORKERS)`` that records the tasks it is handed, and pickles the context first
+    as a Ray engine does (the local one forks instead, so it would not notice an unpicklable one)."""
+
+    def __init__(self):
+        super().__init__(WORKERS)
+        self.tasks = []
+
+    def map(self, fn, context, items, workers=None):
+        items = list(items)
+        self.tasks.extend((fn, item["path"]) for item in items)
+        return super().map(fn, pickle.loads(pickle.dumps(context)), items, workers)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -84,6 +102,18 @@ def rewrite(folder: Path, rows: list[dict], index: int = TARGET, schema: pa.Sche
     manifest["tokens"]["supervised"] += entry["supervised_tokens"] - old_supervised
     manifest["sequences"] += sum(len(r["seq_lens"]) for r in rows) - old_sequences
     save_manifest(folder, manifest)
+
+
+def verify_both(folder: Path) -> Report:
+    """The inline report, once the parallel one is found equal to it (failures in the same order)
+    and every shard the manifest lists was handed to the engine, in manifest order."""
+    engine = RecordingEngine()
+    parallel = verify(folder, engine=engine)
+    inline = verify(folder)
+    assert parallel == inline, ([str(f) for f in parallel.failures], [str(f) for f in inline.failures])
+    if not {f.check for f in inline.failures} & {"manifest", "layout"}:  # (else no shard is read)
+        assert engine.tasks == [(check_shard, shard["path"]) for shard in load_manifest(folder)["shards"]]
+    return inline
 
 
 def sequence_starts(row: dict) -> list[int]:
@@ -222,7 +252,7 @@ def test_every_check_has_a_corruption():
 
 
 def test_valid_output_passes(packed):
-    report = verify(packed)
+    report = verify_both(packed)
     assert report.ok, report.failures
     manifest = load_manifest(packed)
     assert (report.rows, report.sequences, report.tokens) == (
@@ -238,7 +268,8 @@ def test_rewrite_without_corruption_still_passes(packed, tmp_path):
     folder = tmp_path / "copy"
     shutil.copytree(packed, folder)
     rewrite(folder, read_rows(folder))
-    assert verify(folder).ok, verify(folder).failures
+    report = verify_both(folder)
+    assert report.ok, report.failures
 
 
 @pytest.mark.parametrize("check", CHECKS)
@@ -247,7 +278,7 @@ def test_each_check_names_its_corruption(packed, tmp_path, check):
     shutil.copytree(packed, folder)
     shard, row = CORRUPTIONS[check](folder)
 
-    report = verify(folder)
+    report = verify_both(folder)
     assert not report.ok
     assert {f.check for f in report.failures} == {check}, [str(f) for f in report.failures]
     failure = report.failures[0]
@@ -256,7 +287,7 @@ def test_each_check_names_its_corruption(packed, tmp_path, check):
     if row is not None:
         assert failure.row == row
 
-    result = CliRunner().invoke(main, ["verify", str(folder)])
+    result = CliRunner().invoke(main, ["verify", str(folder), "--num-proc", str(WORKERS)])
     assert result.exit_code == EXIT_VERIFY
     assert f"[{check}]" in result.output
     if row is not None:
@@ -343,5 +374,25 @@ def test_more_corruptions(packed, tmp_path, corrupt, check):
     folder = tmp_path / "copy"
     shutil.copytree(packed, folder)
     corrupt(folder)
-    report = verify(folder)
+    report = verify_both(folder)
     assert {f.check for f in report.failures} == {check}, [str(f) for f in report.failures]
+
+
+def test_failures_of_several_shards_come_in_manifest_order(packed, tmp_path):
+    """Shards checked by different workers still report in the manifest's order (here not the
+    order of their file names), whichever finishes first."""
+    folder = tmp_path / "copy"
+    shutil.copytree(packed, folder)
+    manifest = load_manifest(folder)
+    manifest["shards"].reverse()
+    for entry in manifest["shards"]:
+        entry["sha256"] = "0" * 64
+    save_manifest(folder, manifest)
+    missing = manifest["shards"][1]["path"]
+    (folder / missing).unlink()
+
+    report = verify_both(folder)
+    assert [(f.shard, f.message) for f in report.failures] == [
+        (entry["path"], "listed in the manifest but missing" if entry["path"] == missing
+         else "sha256 differs from the manifest") for entry in manifest["shards"]
+    ]
