@@ -139,7 +139,8 @@ def materialize(store: TokenStore, segments: Segments) -> pa.Table:
     lengths = segments.length
     total = int(lengths.sum())
     piece_first = np.cumsum(lengths) - lengths  # offset of each piece inside the flat output
-    position = np.arange(total, dtype=np.int64) - np.repeat(piece_first, lengths)
+    position = np.arange(total, dtype=np.int32)  # int32 throughout: a row group's arrays are its writer's memory
+    position -= np.repeat(piece_first.astype(np.int32), lengths)
 
     input_ids, labels = store.gather(store.offsets[segments.item] + segments.start, lengths)
     labels[piece_first[lengths > 0]] = IGNORE_INDEX  # first label of every packed sequence
@@ -154,7 +155,7 @@ def materialize(store: TokenStore, segments: Segments) -> pa.Table:
         [
             lists(token_offsets, input_ids, pa.int32()),
             lists(token_offsets, labels, pa.int32()),
-            lists(token_offsets, position.astype(np.int32), pa.int32()),
+            lists(token_offsets, position, pa.int32()),
             lists(piece_offsets, lengths.astype(np.int32), pa.int32()),
             lists(piece_offsets, store.source_index[segments.item], pa.int64()),
         ],

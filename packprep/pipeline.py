@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, fields
 from functools import partial
 
@@ -127,7 +128,10 @@ def pack(
 
 def _pack_into(folder: OutputFolder, encoding: Encoding, config: PackConfig, layout, engine: Engine,
                progress: bool) -> dict:
-    with folder.staging() as tmp:
+    with folder.staging() as tmp, ThreadPoolExecutor(1) as hasher:
+        # the inputs' sha256 for the manifest, read beside the workers instead of after them
+        hashes = hasher.submit(lambda: [file_sha256(s.path) if os.path.isfile(s.path) else None
+                                        for s in encoding.sources])
         if layout.name != DEFAULT_LAYOUT:  # canonical rows first, verified, then exported into tmp
             tmp = tmp / ".canonical"
             (tmp / "data").mkdir(parents=True)
@@ -155,13 +159,13 @@ def _pack_into(folder: OutputFolder, encoding: Encoding, config: PackConfig, lay
                 engine,
             )
         shutil.rmtree(store.cache_dir)
-        manifest = _manifest(config, encoding, ledger, store, segments, shards)
+        manifest = _manifest(config, encoding, ledger, store, segments, shards, hashes.result())
         manifest["layout"] = DEFAULT_LAYOUT
         (tmp / "packprep.json").write_text(json.dumps(manifest, indent=2) + "\n")
         (tmp / "README.md").write_text(render_card(manifest))
         from .verify import verify
 
-        report = verify(tmp, check_hashes=False)
+        report = verify(tmp, check_hashes=False, engine=engine)
         if not report.ok:  # a packprep bug, never a data problem: refuse to publish it
             raise RuntimeError(f"packed output failed verification: {report.failures[:3]}")
         if layout.name != DEFAULT_LAYOUT:
@@ -245,7 +249,7 @@ def _segments(bins: Bins, store: TokenStore) -> Segments:
     return Segments(bins.items, starts, bins.entry_lengths(lengths), bins.offsets)
 
 
-def _manifest(config, encoding: Encoding, ledger, store, segments, shards) -> dict:
+def _manifest(config, encoding: Encoding, ledger, store, segments, shards, hashes: list) -> dict:
     status = np.bincount(np.frombuffer(bytes(ledger.status), dtype=np.uint8), minlength=len(FATES))
     fates = {fate: int(status[code]) for code, fate in enumerate(FATES)}
     row_lengths = segments.row_lengths()
@@ -260,8 +264,8 @@ def _manifest(config, encoding: Encoding, ledger, store, segments, shards) -> di
             {"path": s.path, "named": s.named or s.path, "name": os.path.basename(s.path.rstrip("/\\")) or s.path,
              "kind": s.kind, "format": ledger.formats_seen(number, f), "records": s.records,
              "bytes": os.path.getsize(s.path) if os.path.isfile(s.path) else None,
-             "sha256": file_sha256(s.path) if os.path.isfile(s.path) else None}
-            for number, (s, f) in enumerate(zip(encoding.sources, encoding.formats))
+             "sha256": sha256}
+            for number, (s, f, sha256) in enumerate(zip(encoding.sources, encoding.formats, hashes))
         ],
         "tokenizer": {**tokenizer_fingerprint(encoding.tokenizer, encoding.tokenizer_name),
                       "backend": encoding.encoder.backends_summary, "rendering": encoding.encoder.template.name},

@@ -293,12 +293,12 @@ def _read_jsonl(path: str) -> Iterator[Record]:
     if _first_character(path) == "[":  # a JSON array saved as .jsonl: read it as the array it is
         yield from _read_json(path)
         return
-    yield from _jsonl_records(path, _open_text(path), 0)
+    yield from _jsonl_records(path, _open_text(path), _bom_length(path))
 
 
-def _jsonl_records(path: str, handle: io.TextIOBase, first_byte: int) -> Iterator[Record]:
-    """The records of JSONL text that starts ``first_byte`` bytes into the (decompressed) file;
-    index and line count from this text's start."""
+def _jsonl_records(path: str, handle: io.TextIOBase, first_byte: int, from_start: bool = True) -> Iterator[Record]:
+    """The records of JSONL text that starts ``first_byte`` bytes into the (decompressed) file
+    (``from_start``: at the file's first line); index and line count from this text's start."""
     index = 0
     line_no = 0
     offset = first_byte  # bytes of (decompressed) text read so far
@@ -327,7 +327,7 @@ def _jsonl_records(path: str, handle: io.TextIOBase, first_byte: int) -> Iterato
                         yield Record(path, index, line_no, data=data)
                 index += 1
     except (OSError, EOFError) as exc:
-        if first_byte:  # a later part of a file: its line numbers are not known here
+        if not from_start:  # a later part of a file: its line numbers are not known here
             raise InputError(f"{path}: cannot read past byte {offset} of the decompressed text: {exc}") from exc
         raise InputError(
             f"{path}: cannot read past line {line_no} (byte {offset} of the decompressed text, "
@@ -335,6 +335,16 @@ def _jsonl_records(path: str, handle: io.TextIOBase, first_byte: int) -> Iterato
             if line_no
             else f"{path}: cannot read from the start (byte 0): {exc}"
         ) from exc
+
+
+def _bom_length(path: str) -> int:
+    """3 if the (decompressed) text starts with a UTF-8 byte order mark, which decoding drops: byte
+    offsets in messages count it, as they are offsets in the file."""
+    try:
+        with _open_binary(path) as handle:
+            return 3 if handle.read(3) == b"\xef\xbb\xbf" else 0
+    except (OSError, EOFError):
+        return 0
 
 
 def _first_character(path: str) -> str:
@@ -580,7 +590,7 @@ def read_part(part: Part) -> Iterator[Record]:
         limited = io.BufferedReader(_Range(raw, part.stop - part.first), 1 << 20)
         encoding = "utf-8-sig" if part.first == 0 else "utf-8"
         text = io.TextIOWrapper(limited, encoding=encoding, errors="surrogateescape", newline="")
-        yield from _jsonl_records(part.path, text, part.first)
+        yield from _jsonl_records(part.path, text, part.first or _bom_length(part.path), part.first == 0)
     elif part.kind == "parquet-groups":
         import pyarrow.parquet as pq
 

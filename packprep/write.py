@@ -33,11 +33,11 @@ if TYPE_CHECKING:  # pragma: no cover
 SHARD_FORMATS = ("parquet", "arrow")
 BYTES_PER_TOKEN = 12  # input_ids + labels + position_ids, int32 each
 BYTES_PER_SEQUENCE = 12  # seq_lens int32 + source_index int64
-ROW_GROUP_TOKENS = 1 << 22  # ~48 MB uncompressed: small enough for streaming readers
+ROW_GROUP_TOKENS = 1 << 20  # ~12 MB uncompressed: a writer's or verifier's memory is a few row groups
 # A shard writer holds a row group being compressed, the next one being gathered and the Parquet
-# writer's buffers: ~220 MiB (16 writers of 1M conversations peaked at 4.0 GiB together). The
-# parallel writers get at most WRITERS_MEMORY between them: 4 writers.
-WRITER_BYTES = 256 << 20
+# writer's buffers: about 64 MiB at 1M-token row groups (4M-token ones took ~220 MiB). The
+# parallel writers get at most WRITERS_MEMORY between them: 16 writers.
+WRITER_BYTES = 64 << 20
 WRITERS_MEMORY = 1 << 30
 
 

@@ -1,0 +1,135 @@
+"""Workers read their own parts of the inputs: cut points, and output independent of the cut.
+
+The inputs are cut into parts (read.plan_parts) that workers read, normalize and encode on their
+own; the driver numbers records across parts. These tests cut real files into many tiny parts and
+check that nothing about the output depends on it: shards, rejects.jsonl (with its file-level
+line and record numbers) and the manifest are the same bytes as reading each file whole.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import packprep
+from packprep import read
+from packprep.errors import InputError
+from packprep.read import Source, plan_parts, read_part, read_records
+
+from .conftest import EXAMPLE_CHATS, EXAMPLE_TOKENIZER
+
+TOKENIZER = str(EXAMPLE_TOKENIZER)
+BAD = Path(__file__).parent / "bad_inputs"
+
+
+@pytest.fixture
+def tiny_parts(monkeypatch):
+    """Parts of about 8 KB: the example (~1 MB) becomes a hundred of them."""
+    monkeypatch.setattr(read, "MIN_PART_BYTES", 8_000)
+    monkeypatch.setattr(read, "PART_BYTES", 8_000)
+
+
+@pytest.fixture(scope="module")
+def messy_jsonl(tmp_path_factory) -> Path:
+    """The example's records among the bad-input files' lines, with CRLF and blank lines mixed in."""
+    lines = EXAMPLE_CHATS.read_bytes().splitlines()
+    for name in ("broken_jsonl_lines.jsonl", "invalid_utf8.jsonl", "lone_surrogate.jsonl", "not_objects.jsonl",
+                 "missing_from_value.jsonl", "empty_conversations.jsonl", "mixed_formats.jsonl"):
+        lines += (BAD / name).read_bytes().replace(b"\r\n", b"\n").splitlines()
+    random.Random(0).shuffle(lines)
+    ends = [b"\r\n" if i % 7 == 0 else b"\n" for i in range(len(lines))]
+    body = b"".join(line + end + (b"  \n" if i % 13 == 0 else b"") for i, (line, end) in enumerate(zip(lines, ends)))
+    path = tmp_path_factory.mktemp("messy") / "messy.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + body)  # a byte order mark, which only the first part may drop
+    return path
+
+
+def _sharegpt_rows() -> list[dict]:
+    """The example's plain ShareGPT records: ones that make a Parquet table of one schema."""
+    rows = [json.loads(line) for line in EXAMPLE_CHATS.read_text().splitlines()]
+    return [r for r in rows if isinstance(r, dict) and set(r) == {"conversations"} and r["conversations"] and all(
+        isinstance(t, dict) and set(t) == {"from", "value"} and isinstance(t["value"], str) for t in r["conversations"])]
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_jsonl_parts_end_after_newlines_and_cover_the_file(messy_jsonl, tiny_parts):
+    parts = plan_parts([Source(str(messy_jsonl), "jsonl")], workers=4)
+    data = messy_jsonl.read_bytes()
+    assert len(parts) > 20
+    assert [p.number for p in parts] == list(range(len(parts)))
+    assert parts[0].first == 0 and parts[-1].stop == len(data)
+    for before, after in zip(parts, parts[1:]):
+        assert before.stop == after.first and data[after.first - 1 : after.first] == b"\n"
+    # read part by part, the records are the file's, numbered from each part's start
+    whole = [(r.data, r.error) for r in read_records(Source(str(messy_jsonl), "jsonl"))]
+    pieces = [(r.data, r.error) for p in parts for r in read_part(p)]
+    assert pieces == whole
+
+
+def test_inputs_that_cannot_be_cut_are_one_part(tmp_path, tiny_parts):
+    compressed = tmp_path / "chats.jsonl.gz"
+    compressed.write_bytes(gzip.compress(EXAMPLE_CHATS.read_bytes()))
+    array = tmp_path / "chats.json"
+    array.write_text(json.dumps([json.loads(line) for line in EXAMPLE_CHATS.read_text().splitlines()]))
+    parts = plan_parts([Source(str(compressed), "jsonl"), Source(str(array), "json")], workers=4)
+    assert [(p.source, p.kind, p.stop) for p in parts] == [(0, "jsonl", None), (1, "json", None)]
+
+
+def test_table_parts_follow_row_groups_and_record_batches(tmp_path, tiny_parts):
+    rows = _sharegpt_rows()
+    table = pa.Table.from_pylist(rows)
+    pq.write_table(table, tmp_path / "chats.parquet", row_group_size=30)
+    with pa.ipc.new_file(tmp_path / "chats.arrow", table.schema) as writer:
+        for batch in table.to_batches(max_chunksize=45):
+            writer.write_batch(batch)
+    for name, kind in (("chats.parquet", "parquet-groups"), ("chats.arrow", "arrow-batches")):
+        source = Source(str(tmp_path / name), name.split(".")[1])
+        parts = plan_parts([source], workers=2)
+        assert len(parts) > 3 and {p.kind for p in parts} == {kind}
+        counts = [sum(1 for _ in read_part(p)) for p in parts]
+        assert [p.first_record for p in parts] == [sum(counts[:i]) for i in range(len(parts))]
+        assert [r.data for p in parts for r in read_part(p)] == rows
+
+
+@pytest.mark.parametrize("num_proc", [1, 2])
+def test_output_does_not_depend_on_how_inputs_are_cut(tmp_path, messy_jsonl, monkeypatch, num_proc):
+    rows = _sharegpt_rows()
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "chats.parquet", row_group_size=30)
+    inputs = [str(messy_jsonl), str(tmp_path / "chats.parquet")]
+    settings = {"max_len": 256, "seed": 1, "shard_size": "100KB"}
+    whole = packprep.pack(inputs, tmp_path / "whole", TOKENIZER, num_proc=1, **settings)
+    monkeypatch.setattr(read, "MIN_PART_BYTES", 8_000)
+    monkeypatch.setattr(read, "PART_BYTES", 8_000)
+    assert len(plan_parts(packprep.read.resolve_inputs(inputs), num_proc)) > 20
+    cut = packprep.pack(inputs, tmp_path / "cut", TOKENIZER, num_proc=num_proc, **settings)
+    assert cut == whole
+    assert _files(tmp_path / "cut") == _files(tmp_path / "whole")
+    rejects = [json.loads(line) for line in (tmp_path / "cut" / "rejects.jsonl").read_text().splitlines()]
+    assert {"unreadable", "not_an_object"} <= {entry["code"] for entry in rejects}
+    # every unreadable line names the line it is on in the file, whatever part read it
+    lines = messy_jsonl.read_bytes().removeprefix(b"\xef\xbb\xbf").split(b"\n")
+    unreadable = [e for e in rejects if e["file"] == str(messy_jsonl) and e["code"] == "unreadable"]
+    assert len(unreadable) >= 5
+    for entry in unreadable:
+        assert lines[entry["line"] - 1].rstrip(b"\r").decode("utf-8", "replace")[:40] == entry["record"][:40]
+
+
+def test_on_error_fail_names_the_line_in_the_file_not_in_the_part(tmp_path, tiny_parts):
+    good = [json.dumps({"conversations": [{"from": "human", "value": f"What is {n} plus one?"},
+                                          {"from": "gpt", "value": f"It is {n + 1}."}]}) for n in range(600)]
+    lines = good[:300] + ["{not json"] + good[300:]
+    path = tmp_path / "chats.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    assert len(plan_parts([Source(str(path), "jsonl")], 2)) > 5  # the bad line is in a later part
+    with pytest.raises(InputError, match=r"chats.jsonl, line 301: invalid JSON"):
+        packprep.pack(str(path), tmp_path / "out", TOKENIZER, num_proc=2, max_len=512, on_error="fail")
+    assert not (tmp_path / "out").exists()
