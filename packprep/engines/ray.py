@@ -1,4 +1,12 @@
-"""Tokenize on Ray Data: ``packprep pack ... --engine ray [--ray-address ADDRESS]``.
+"""Ray: :class:`RayEngine`, the :class:`~packprep.engines.Engine` on Ray core tasks, and the Ray Data
+tokenizer that ``encode.py`` runs until the pipeline moves onto engines.
+
+:class:`RayEngine` runs every item of a stage as one Ray task of one CPU. The stage's context is
+put in the object store once per :meth:`RayEngine.map` and reaches the tasks as a reference boxed
+in a list, so Ray does not resolve it per task; each worker process deserializes it at its first
+task of the stage and keeps it (a tokenizer that the context loads lazily is loaded once a worker).
+
+Tokenize on Ray Data: ``packprep pack ... --engine ray [--ray-address ADDRESS]``.
 
 The driver keeps doing what it does for the local engine: it reads and normalizes the records
 (that is where every record gets its source index and every rejection is logged in order), packs
@@ -21,13 +29,15 @@ of all keys, which changes what a chat template renders); results travel pickled
 from __future__ import annotations
 
 import inspect
+import logging
 import os
 import pickle
 from collections import deque
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from ..errors import ConfigError
+from . import IN_FLIGHT_PER_WORKER, ordered
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..pipeline import PackConfig
@@ -37,15 +47,123 @@ IN_FLIGHT_PER_ACTOR = 8
 _TOKENIZER_FILE_LIMIT = 64 << 20  # ship a tokenizer folder's files to the actors up to this size
 
 
-def _import_ray():
+def _import_ray(data: bool = False):
+    """``ray`` (and ``ray.data`` when ``data``), or the ConfigError that says how to install it."""
     try:
         import ray
-        import ray.data  # noqa: F401
+
+        if data:
+            import ray.data  # noqa: F401
     except ImportError as exc:
-        raise ConfigError(
-            "--engine ray needs Ray Data, which is not installed: pip install 'packprep[ray]'"
-        ) from exc
+        raise ConfigError("--engine ray needs Ray, which is not installed: pip install 'packprep[ray]'") from exc
     return ray
+
+
+def _start_ray(ray, ray_address: str | None, num_proc: int) -> bool:
+    """Use the Ray of this process if there is one, else connect to ``ray_address`` (``"auto"``: the
+    cluster of this machine), else start one of ``num_proc`` CPUs here, quiet: the progress bars are
+    packprep's. True when this call started (or connected) Ray, which its caller then shuts down."""
+    if ray.is_initialized():
+        return False
+    quiet = {"log_to_driver": False, "logging_level": logging.WARNING}
+    if ray_address:
+        ray.init(address=ray_address, **quiet)
+    else:
+        ray.init(num_cpus=num_proc, include_dashboard=False, **quiet)
+    return True
+
+
+_CONTEXTS: dict[str, Any] = {}  # in a worker process: the running stage's context, by object id
+
+
+def _run_task(fn, boxed_context: list, item):
+    """One task on a worker: ``fn(context, item)``. The context arrives as a reference (boxed, so Ray
+    does not fetch it per task) and is deserialized at the worker's first task of the stage; what a
+    task caches on it (a lazily loaded tokenizer) stays for the worker's next tasks."""
+    import ray
+
+    ref = boxed_context[0]
+    key = ref.hex()
+    if key not in _CONTEXTS:
+        _CONTEXTS.clear()  # one stage at a time: free the last stage's context before loading this one
+        _CONTEXTS[key] = ray.get(ref)
+    return fn(_CONTEXTS[key], item)
+
+
+class _Task:
+    __slots__ = ("item", "ref")
+
+    def __init__(self, item):
+        self.item, self.ref = item, None
+
+
+class _Pool:
+    """Starts a stage's tasks in submission order, at most ``limit`` running at once (Ray alone would
+    run as many as the cluster has CPUs, and a stage caps its workers for memory)."""
+
+    def __init__(self, ray, start, limit: int):
+        self.ray, self.start, self.limit = ray, start, limit
+        self.waiting: deque[_Task] = deque()
+        self.running: set = set()
+
+    def _start_waiting(self) -> None:
+        while self.waiting and len(self.running) < self.limit:
+            task = self.waiting.popleft()
+            task.ref = self.start(task.item)
+            self.running.add(task.ref)
+
+    def submit(self, item) -> _Task:
+        task = _Task(item)
+        self.waiting.append(task)
+        self._start_waiting()
+        return task
+
+    def result(self, task: _Task):
+        """The task's result, or the exception its function raised (an InputError stays one)."""
+        while task.ref is None or task.ref in self.running:
+            done, _ = self.ray.wait(list(self.running), num_returns=1)
+            self.running.difference_update(done)
+            self._start_waiting()
+        try:
+            return self.ray.get(task.ref)
+        except self.ray.exceptions.RayTaskError as error:
+            raise error.cause from error
+
+    def stop(self) -> None:
+        """Cancel the tasks nobody will collect and wait for them to end: none writes after its stage."""
+        self.waiting.clear()
+        running = list(self.running)
+        for ref in running:
+            self.ray.cancel(ref)
+        if running:
+            self.ray.wait(running, num_returns=len(running), fetch_local=False)
+        self.running.clear()
+
+
+class RayEngine:
+    """Ray core tasks of one CPU each, on the cluster at ``ray_address`` or a Ray started here; at
+    most ``num_proc`` run at once. See the module docstring."""
+
+    def __init__(self, num_proc: int, ray_address: str | None = None):
+        self.ray = _import_ray()
+        self.workers = max(1, num_proc)
+        self.started = _start_ray(self.ray, ray_address, self.workers)
+        env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false"}}  # one task, one CPU
+        self.task = self.ray.remote(num_cpus=1, runtime_env=env)(_run_task)
+
+    def map(self, fn, context, items, workers=None):
+        workers = max(1, min(self.workers, workers or self.workers))
+        boxed_context = [self.ray.put(context)]
+        pool = _Pool(self.ray, lambda item: self.task.remote(fn, boxed_context, item), workers)
+        try:
+            yield from ordered(pool.submit, pool.result, items, workers * IN_FLIGHT_PER_WORKER)
+        finally:
+            pool.stop()
+
+    def close(self) -> None:
+        if self.started:
+            self.ray.shutdown()
+            self.started = False
 
 
 def make_encoder(tokenizer, config: "PackConfig"):
@@ -143,17 +261,8 @@ def ray_encode_batches(
     ``num_proc`` CPUs; only a Ray that it started is shut down. ``num_proc`` is the number of
     tokenizer actors; ``in_flight`` the batches sent and not yet collected (default: 8 an actor).
     """
-    import logging
-
-    ray = _import_ray()
-    started = False
-    if not ray.is_initialized():
-        quiet = {"log_to_driver": False, "logging_level": logging.WARNING}
-        if ray_address:
-            ray.init(address=ray_address, **quiet)
-        else:
-            ray.init(num_cpus=num_proc, include_dashboard=False, ignore_reinit_error=True, **quiet)
-        started = True
+    ray = _import_ray(data=True)
+    started = _start_ray(ray, ray_address, num_proc)
     data_logger = logging.getLogger("ray.data")
     level = data_logger.level
     data_logger.setLevel(logging.WARNING)  # no per-dataset INFO lines between packprep's progress bars

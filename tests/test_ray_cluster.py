@@ -1,0 +1,146 @@
+"""``RayEngine`` on a cluster of 4 nodes of one CPU each (``ray.cluster_utils.Cluster``, started once
+for the module): results in item order, tasks spread over nodes, the context deserialized once per
+worker process, task errors raised as themselves, a stage abandoned early. Skipped without Ray.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import pytest
+
+from packprep.engines import LocalEngine, make_engine
+from packprep.errors import ConfigError, InputError
+
+ray = pytest.importorskip("ray")
+from packprep.engines.ray import RayEngine  # noqa: E402  (needs ray)
+
+NODES = 4
+OBJECT_STORE = 80 << 20  # per node: 4 of them fit a small machine
+
+
+class Context:
+    """A stage context that counts, per worker process, how often it is deserialized, and loads a
+    resource lazily the way the encode context loads its tokenizer."""
+
+    def __init__(self, name: str, offset: int = 0, nodes: str = ""):
+        self.name, self.offset, self.nodes, self.loaded = name, offset, nodes, None
+
+    def __reduce__(self):
+        return _deserialize, (self.name, self.offset, self.nodes)
+
+
+DESERIALIZED: Counter = Counter()  # in each worker process: context name -> times deserialized
+
+
+def _deserialize(name: str, offset: int, nodes: str) -> Context:
+    DESERIALIZED[name] += 1
+    return Context(name, offset, nodes)
+
+
+def shift(context: Context, item: int) -> int:
+    return item * item + context.offset
+
+
+def where(context: Context, item: int) -> tuple:
+    node = ray.get_runtime_context().get_node_id()
+    # wait (30 s at most) until a second node has run a task: with tasks this short, one worker
+    # could otherwise run them all before Ray starts a worker on another node
+    (Path(context.nodes) / node).touch()
+    deadline = time.monotonic() + 30
+    while len(os.listdir(context.nodes)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if context.loaded is None:
+        context.loaded = (os.getpid(), item)  # the "tokenizer": loaded by the worker's first task
+    return (item, node, os.getpid(), DESERIALIZED[context.name], context.loaded,
+            os.environ.get("TOKENIZERS_PARALLELISM"))
+
+
+def fail_on_seven(context, item: int) -> int:
+    if item == 7:
+        raise InputError(f"bad item {item}")
+    return item
+
+
+def span(context, item: int) -> tuple[float, float]:
+    start = time.time()
+    time.sleep(context)
+    return start, time.time()
+
+
+@pytest.fixture(scope="module")
+def engine():
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "object_store_memory": OBJECT_STORE, "include_dashboard": False})
+    for _ in range(NODES - 1):
+        cluster.add_node(num_cpus=1, object_store_memory=OBJECT_STORE)
+    cluster.wait_for_nodes()
+    engine = RayEngine(NODES, cluster.address)
+    try:
+        yield engine
+    finally:
+        engine.close()
+        cluster.shutdown()
+
+
+def test_results_in_item_order_equal_the_local_engine(engine):
+    context = Context("order", offset=3)
+    expected = list(LocalEngine(2).map(shift, context, range(50)))
+    assert expected == [i * i + 3 for i in range(50)]
+    assert list(engine.map(shift, context, range(50))) == expected
+    assert list(engine.map(shift, context, iter(range(50)), workers=2)) == expected
+
+
+def test_tasks_spread_over_nodes_and_deserialize_the_context_once_per_worker(engine, tmp_path):
+    results = list(engine.map(where, Context("once", nodes=str(tmp_path)), range(60)))
+    assert [r[0] for r in results] == list(range(60))
+    assert len({node for _, node, *_ in results}) > 1
+    tasks_per_worker = Counter(pid for _, _, pid, *_ in results)
+    assert max(tasks_per_worker.values()) > 1  # workers ran several tasks ...
+    assert {count for *_, count, _, _ in results} == {1}  # ... and deserialized the context once
+    first = defaultdict(set)
+    for _, _, pid, _, loaded, _ in results:
+        first[pid].add(loaded)
+    assert all(len(loaded) == 1 and next(iter(loaded))[0] == pid for pid, loaded in first.items())
+    assert {r[-1] for r in results} == {"false"}  # TOKENIZERS_PARALLELISM in the workers
+
+
+def test_workers_caps_the_tasks_running_at_once(engine):
+    spans = list(engine.map(span, 0.2, range(8), workers=2))
+    running = max(sum(start <= t < end for start, end in spans) for t, _ in spans)
+    assert running <= 2
+
+
+def test_a_task_error_reaches_the_driver_as_itself(engine):
+    with pytest.raises(InputError) as raised:
+        list(engine.map(fail_on_seven, None, range(20)))
+    assert type(raised.value) is InputError
+    assert str(raised.value) == "bad item 7"
+    assert list(engine.map(fail_on_seven, None, range(5))) == list(range(5))  # the engine still works
+
+
+def test_a_consumer_that_stops_early_does_not_wait_for_the_rest(engine):
+    started = time.monotonic()
+    results = engine.map(span, 0.5, range(100))
+    next(results), next(results)
+    results.close()
+    assert time.monotonic() - started < 10  # 100 tasks of 0.5 s on 4 CPUs would take 12.5 s
+    assert list(engine.map(shift, Context("after"), range(4))) == [0, 1, 4, 9]
+
+
+def test_close_leaves_a_ray_it_did_not_start(engine):
+    assert ray.is_initialized()
+    make_engine("ray", 2).close()
+    assert ray.is_initialized()
+
+
+def test_missing_ray_is_a_config_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+    with pytest.raises(ConfigError, match=r"pip install 'packprep\[ray\]'"):
+        make_engine("ray", 1)
