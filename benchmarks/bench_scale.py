@@ -271,13 +271,14 @@ def timed_main(argv: list[str]) -> None:
                                             "driver_peak_kib": driver_peak_kib}), flush=True)
 
 
-def run_pack(data: Path, tokenizer: str, num_proc: int, max_len: int, workdir: Path, engine: str) -> dict:
+def run_pack(data: Path, tokenizer: str, num_proc: int, max_len: int, workdir: Path, engine: str,
+             ray_address: str | None = None) -> dict:
     out = workdir / f"packed-{num_proc}-{engine}"
     command = [
         sys.executable, str(Path(__file__).resolve()), "_timed", "pack", str(data),
         "-t", tokenizer, "-o", str(out), "--max-len", str(max_len), "--num-proc", str(num_proc),
         "--engine", engine, "--overwrite", "-q",
-    ]
+    ] + (["--ray-address", ray_address] if ray_address else [])
     launch = time.time()
     env = dict(os.environ, HF_HUB_OFFLINE="1", BENCH_LAUNCH=repr(launch))
     done = subprocess.run(command, capture_output=True, text=True, env=env)
@@ -288,6 +289,7 @@ def run_pack(data: Path, tokenizer: str, num_proc: int, max_len: int, workdir: P
     result = json.loads(marker[len("BENCH_STAGES "):])
     manifest = json.loads((out / "packprep.json").read_text())
     shutil.rmtree(out)
+    shards_sha256 = " ".join(shard["sha256"] for shard in manifest["shards"])
     tokens = manifest["tokens"]["total"]
     return {
         "num_proc": num_proc,
@@ -305,7 +307,19 @@ def run_pack(data: Path, tokenizer: str, num_proc: int, max_len: int, workdir: P
         "tree_peak_mib": result["tree_peak_kib"] / 1024,
         "tree_peak_by_stage_mib": {k: v / 1024 for k, v in result.get("tree_peak_by_stage_kib", {}).items()},
         "driver_peak_after_stage_mib": result.get("peak_after_mib", {}),
+        "shards_sha256": shards_sha256,
     }
+
+
+def _ray_cluster(nodes: int, cpus: int):
+    """A local Ray cluster of ``nodes`` nodes sharing ``cpus`` CPUs (several raylets on one machine)."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster()
+    for node in range(nodes):
+        cluster.add_node(num_cpus=cpus // nodes + (node < cpus % nodes), include_dashboard=False)
+    cluster.wait_for_nodes()
+    return cluster
 
 
 def main() -> None:
@@ -317,13 +331,18 @@ def main() -> None:
     parser.add_argument("--num-proc", type=int, action="append", help="repeatable [1 and 2]")
     parser.add_argument("--tokenizer", default=str(EXAMPLE_TOKENIZER))
     parser.add_argument("--max-len", type=int, default=4096)
-    parser.add_argument("--engine", default="local", choices=["local", "ray"])
+    parser.add_argument("--engine", action="append", choices=["local", "ray"], help="repeatable [local]")
+    parser.add_argument("--ray-nodes", type=int, default=4,
+                        help="with --engine ray: a local Ray cluster of this many nodes, splitting --num-proc CPUs [4]")
+    parser.add_argument("--compare", action="store_true",
+                        help="check that every run of a size wrote the same shards (sha256 of each)")
     parser.add_argument("--workdir", default=None, help="where data and output go [a temp dir, removed after]")
     parser.add_argument("--keep-data", action="store_true")
     parser.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args()
     sizes = args.n or [1_000_000]
     procs = args.num_proc or [1, 2]
+    engines = args.engine or ["local"]
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="packprep-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
     results = []
@@ -332,7 +351,7 @@ def main() -> None:
         # (numba's compiled kernels, the tokenizer's tiktoken ranks); its start-up is the cold one
         warmup = workdir / "warmup.jsonl"
         generate(warmup, 2000)
-        cold = run_pack(warmup, args.tokenizer, procs[0], args.max_len, workdir, args.engine)
+        cold = run_pack(warmup, args.tokenizer, procs[0], args.max_len, workdir, "local")
         print(f"# warm-up run (2,000 conversations): cold start-up {cold['startup_s']:.2f} s", file=sys.stderr, flush=True)
         warmup.unlink()
         for n in sizes:
@@ -343,11 +362,23 @@ def main() -> None:
                 print(f"# generated {n:,} conversations ({summary['bytes'] / 1e6:,.0f} MB, "
                       f"{summary['mean_words_per_turn']:.0f} words a turn) in {time.perf_counter() - start:.1f} s",
                       file=sys.stderr, flush=True)
-            for num_proc in procs:
-                result = run_pack(data, args.tokenizer, num_proc, args.max_len, workdir, args.engine)
-                result.update(n=n, input_mb=data.stat().st_size / 1e6, tokenizer=Path(args.tokenizer).name)
-                results.append(result)
-                print(json.dumps(result), file=sys.stderr, flush=True)
+            shards = set()
+            for engine in engines:
+                for num_proc in procs:
+                    cluster = _ray_cluster(args.ray_nodes, num_proc) if engine == "ray" else None
+                    try:
+                        result = run_pack(data, args.tokenizer, num_proc, args.max_len, workdir, engine,
+                                          cluster.address if cluster else None)
+                    finally:
+                        if cluster is not None:
+                            cluster.shutdown()
+                    result.update(n=n, input_mb=data.stat().st_size / 1e6, tokenizer=Path(args.tokenizer).name,
+                                  nodes=args.ray_nodes if cluster else 1)
+                    results.append(result)
+                    shards.add(result.pop("shards_sha256"))
+                    print(json.dumps(result), file=sys.stderr, flush=True)
+            if args.compare and len(shards) != 1:
+                raise SystemExit(f"runs of {n:,} conversations wrote different shards")
             if not args.keep_data:
                 data.unlink()
     finally:
@@ -375,7 +406,8 @@ def table(results: list[dict]) -> str:
 
         startup = f"{r['startup_s']:.2f} s" if r.get("startup_s") is not None else "-"
         lines.append(
-            f"| {r['n']:,} | {r['input_mb']:,.0f} MB | {r['tokenizer']} | {r['engine']} | {r['num_proc']} | {startup} | "
+            f"| {r['n']:,} | {r['input_mb']:,.0f} MB | {r['tokenizer']} | {r['engine']}"
+            f"{' (%d nodes)' % r['nodes'] if r.get('nodes', 1) > 1 else ''} | {r['num_proc']} | {startup} | "
             f"{stage('read+tokenize')} | {stage('pack')} | {stage('write')} | {stage('verify')} | {stage('other')} | "
             f"{wall:.1f} s | {r['tokens'] / 1e6:,.1f} M | {r['tokens_per_s'] / 1e6:,.2f} M | "
             f"{r['max_rss_mib']:,.0f} MiB | {r['tree_peak_mib']:,.0f} MiB |"

@@ -19,7 +19,8 @@ from .normalize import CONSECUTIVE, FORMATS, LEADING, SYSTEM, changes_text
 from .packing import ROW_ORDERS, STRATEGIES, STRATEGY_TABLE
 from .inspect import inspect_row
 from .engines import make_engine
-from .pipeline import ENGINES, ON_ERROR, PackConfig, pack as pack_
+from .engines import ENGINES
+from .pipeline import ON_ERROR, PackConfig, pack as pack_
 from .stats import DEFAULT_MAX_LENS, DEFAULT_STRATEGIES, stats as stats_
 from .verify import verify as verify_
 from .plan import OVERLONG
@@ -128,7 +129,8 @@ def main():
               "(Llama-2, Mistral) tokenizers; auto: "
               "tiktoken where it is checked identical, else hf. The output is the same with each.")
 @click.option("--engine", default=_default(pack_, "engine"), show_default=True, type=click.Choice(ENGINES),
-              help="local: this machine's cores; ray: tokenize on a Ray cluster (pip install 'packprep[ray]').")
+              help="local: this machine's cores; ray: read, tokenize, write and verify on a Ray cluster, whose "
+                   "nodes must all see the inputs and --output (pip install 'packprep[ray]').")
 @click.option("--ray-address", default=None, help="With --engine ray: the cluster address [default: start a local Ray].")
 @click.option("--push-to", default=None, metavar="REPO_ID",
               help="After packing, push the folder to this Hub dataset repo (as `packprep push`).")

@@ -146,7 +146,9 @@ class ShardReader:
     def _parquet(self):
         import pyarrow.parquet as pq
 
-        return pq.ParquetFile(self.path, memory_map=True)
+        # read, not memory-mapped: a map keeps every page of the shard it touched resident in this
+        # process, so reading a shard row group by row group would still end up holding all of it
+        return pq.ParquetFile(self.path)
 
     def _ipc(self):
         import pyarrow as pa

@@ -18,7 +18,7 @@ import numpy as np
 from . import __version__, plan
 from .card import length_histograms, render_card
 from .encode import FATES, PACKED, SPLIT, TRUNCATED, Encoding, Ledger
-from .engines import ENGINES, Engine, make_engine
+from .engines import Engine, make_engine
 from .errors import ConfigError, InputError
 from .layout import DEFAULT_LAYOUT, get_layout
 from .materialize import Segments, TokenSpill, TokenStore
@@ -110,8 +110,9 @@ def pack(
     ``settings`` are the fields of :class:`PackConfig` (``max_len``, ``strategy``, ``seed``, ...).
     ``layout``: the training stack the shards are laid out for (``packprep.layout``); rows are
     packed and verified in the canonical layout, then exported to it.
-    Output is identical for any ``num_proc`` (default: all cores). ``engine="ray"`` tokenizes on a
-    Ray cluster (``ray_address``, or a local instance) and gives the same bytes as ``"local"``.
+    Output is identical for any ``num_proc`` (default: all cores). ``engine="ray"`` runs the
+    stages on a Ray cluster (``ray_address``, or a local instance; inputs and ``output`` on a file
+    system every node sees) and gives the same bytes as ``"local"``.
     """
     config = PackConfig.from_settings(settings)
     layout = get_layout(layout)

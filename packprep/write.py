@@ -34,10 +34,11 @@ SHARD_FORMATS = ("parquet", "arrow")
 BYTES_PER_TOKEN = 12  # input_ids + labels + position_ids, int32 each
 BYTES_PER_SEQUENCE = 12  # seq_lens int32 + source_index int64
 ROW_GROUP_TOKENS = 1 << 20  # ~12 MB uncompressed: a writer's or verifier's memory is a few row groups
-# A shard writer holds a row group being compressed, the next one being gathered and the Parquet
-# writer's buffers: about 64 MiB at 1M-token row groups (4M-token ones took ~220 MiB). The
-# parallel writers get at most WRITERS_MEMORY between them: 16 writers.
-WRITER_BYTES = 64 << 20
+# A shard writer holds a row group being compressed, the next one being gathered, the Parquet
+# writer's buffers and the pages it copied from the driver: ~96 MiB at 1M-token row groups (16
+# writers of 1M conversations added 1.55 GiB to the driver's 0.4; 4M-token groups took ~220 MiB).
+# The parallel writers get at most WRITERS_MEMORY between them: 10 writers.
+WRITER_BYTES = 96 << 20
 WRITERS_MEMORY = 1 << 30
 
 
