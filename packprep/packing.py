@@ -19,7 +19,8 @@ two-level bitmap of non-empty capacities, so "the least room >= L" is a
 find-next-set-bit.  Items longer than ``max_len // 2`` each open their own bin
 (no two fit together and none fits an earlier bin), and a run of equal lengths
 is placed in one step per bin touched (the chosen bin stays the choice until it
-is full).  The kernels are compiled by numba with ``cache=True``.
+is full).  The kernels are compiled by numba with ``cache=True``; numba itself is imported at the
+first kernel call, not with this module (see :func:`njit`).
 
 All work arrays are allocated with numpy in Python (not inside numba), so
 ``tracemalloc`` sees the true peak memory of a call.
@@ -28,10 +29,10 @@ All work arrays are allocated with numpy in Python (not inside numba), so
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import wraps
 from typing import Callable
 
 import numpy as np
-from numba import njit
 
 __all__ = [
     "Bins",
@@ -143,6 +144,48 @@ def lower_bound(lengths, max_len) -> int:
 
 # --------------------------------------------------------------------------
 # numba kernels
+
+_KERNELS: dict[str, tuple[Callable, dict]] = {}  # name -> (Python function, njit options)
+
+
+def njit(**options):
+    """``numba.njit(**options)``, applied when a kernel of this module is first called.
+
+    Importing numba takes 0.15-0.5 s, and packing starts only after every record is tokenized, so
+    importing this module (as ``packprep pack`` does at start-up) does not import numba. The first
+    call hands every kernel to numba at once, so that kernels calling one another find numba
+    functions under their names; with ``cache=True`` numba loads them from its cache.
+    """
+
+    def register(function):
+        _KERNELS[function.__name__] = (function, options)
+
+        @wraps(function)
+        def first_call(*args):
+            _jit_kernels()
+            return globals()[function.__name__](*args)
+
+        return first_call
+
+    return register
+
+
+def _jit_kernels() -> None:
+    """Hand every kernel to numba. Where numba finds nowhere to cache them (the package folder and
+    the home folder both read-only, no NUMBA_CACHE_DIR) it refuses ``cache=True``: compile them
+    for this run only, and say how to keep them."""
+    import warnings
+
+    from numba import njit as numba_njit
+
+    try:
+        kernels = {name: numba_njit(**options)(function) for name, (function, options) in _KERNELS.items()}
+    except RuntimeError as exc:  # numba: "cannot cache function ...: no locator available for file ..."
+        warnings.warn(f"packing kernels are compiled anew on every run (a few seconds): {exc}; set "
+                      "NUMBA_CACHE_DIR to a writable folder to keep them", stacklevel=3)
+        kernels = {name: numba_njit(**{**options, "cache": False})(function)
+                   for name, (function, options) in _KERNELS.items()}
+    globals().update(kernels)
 
 
 @njit(cache=True)

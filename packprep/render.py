@@ -45,6 +45,12 @@ class Rendered:
     add_special_tokens: bool = False
 
 
+def template_source(tokenizer) -> str | None:
+    """The tokenizer's chat template as text (of a dict of named templates, the "default" one)."""
+    template = getattr(tokenizer, "chat_template", None)
+    return template.get("default") if isinstance(template, dict) else template
+
+
 class ChatTemplate:
     """A tokenizer's chat template, rendered as ``apply_chat_template(tokenize=False)`` renders it
     (compiled in transformers' sandboxed environment, see tokenizer_folder.compile_template), every
@@ -55,9 +61,7 @@ class ChatTemplate:
     def __init__(self, tokenizer, *, transformers: bool = False):
         """``transformers=True``: render with transformers' own ``render_jinja_template`` (what
         ``apply_chat_template`` calls) instead of packprep's compiled copy: an independent check."""
-        template = getattr(tokenizer, "chat_template", None)
-        if isinstance(template, dict):
-            template = template.get("default")
+        template = template_source(tokenizer)
         self.source = template
         self._special = dict(tokenizer.special_tokens_map)
         self._transformers = transformers

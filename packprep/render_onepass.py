@@ -51,19 +51,17 @@ class Unavailable(Exception):
 
 
 def _compile(template: str):
-    """Compile ``template`` in transformers' sandboxed environment (as rebuilt by tokenizer_folder),
-    with the sandbox's attribute check memoised.
+    """Compile ``template`` as the reference does (``ChatTemplate._compile``), with the sandbox's
+    attribute check memoised.
 
     The sandbox asks ``is_safe_attribute(obj, attr, value)`` on every attribute a template reads
     (``loop.index0``, ``content.strip``...), which was half of all rendering time. For Jinja's
     ``ImmutableSandboxedEnvironment`` the answer depends only on ``type(obj)`` and ``attr``, so it
     is cached on that key: the same checks, made once per type and name.
     """
+    compiled = ChatTemplate._compile(template)
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    from .tokenizer_folder import compile_template
-
-    compiled = compile_template(template)
     environment = compiled.environment
     if type(environment).is_safe_attribute is ImmutableSandboxedEnvironment.is_safe_attribute:
         check, verdicts = environment.is_safe_attribute, {}
@@ -279,8 +277,7 @@ class OnePassTemplate(ChatTemplate):
     name = "one-pass"
 
     def __init__(self, tokenizer):
-        super().__init__(tokenizer)
-        self._compiled = _compile(self.source)
+        super().__init__(tokenizer)  # compiles the template, once, with _compile below
         try:
             self._watch = _watchable(self._compiled.environment, self.source)
         except Exception as exc:  # Jinja's internals are not what the watch relies on
@@ -288,6 +285,10 @@ class OnePassTemplate(ChatTemplate):
         if self._watch is None:
             raise Unavailable("the template's shape does not allow it (its message loop is not the last "
                               "top-level loop, or text after it depends on more than add_generation_prompt)")
+
+    @staticmethod
+    def _compile(template: str):
+        return _compile(template)
 
     def render_with_prefixes(self, messages: list[dict], tools: list | None):
         """``render(messages)``, and a function ``prefix(n, g)`` equal to

@@ -18,7 +18,7 @@ import numpy as np
 
 from .errors import ConfigError, PackprepError
 from .normalize import Conversation, Rejected
-from .render import ChatTemplate, Rendered, render_conversation
+from .render import Rendered, render_conversation, template_source
 from .render_onepass import choose_template
 
 TRAIN_ON = ("assistant", "last", "all")
@@ -247,7 +247,7 @@ def tokenizer_fingerprint(tokenizer, name_or_path: str) -> dict:
                     files_hash.update(handle.read())
     else:
         files_hash.update(json.dumps(tokenizer.backend_tokenizer.to_str()).encode())
-    template = ChatTemplate(tokenizer).source or ""
+    template = template_source(tokenizer) or ""  # the text only: compiling it again would cost up to 30 ms
     return {
         "name_or_path": name_or_path,  # as the user named it
         "kind": "folder" if os.path.isdir(name_or_path) else "hub",

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -17,6 +20,8 @@ from packprep.packing import (
     pieces_to_bins,
     split_pieces,
 )
+
+from .conftest import REPO
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -403,3 +408,32 @@ def test_large_max_len_paths_match_naive(monkeypatch):
         lengths = rng.integers(1, cap + 1, int(rng.integers(0, 120)))
         assert as_lists(pack_lengths(lengths, cap, "greedy")) == naive_ffd(lengths.tolist(), cap)
         assert as_lists(pack_lengths(lengths, cap, "bfd")) == naive_bfd(lengths.tolist(), cap)
+
+
+def test_numba_is_imported_at_the_first_kernel_call_not_at_start_up():
+    """``packprep pack`` imports the CLI and the pipeline before its first record is read; numba
+    (0.15-0.5 s to import) waits until packing starts."""
+    code = (
+        "import sys, numpy as np, packprep.cli; print('numba' in sys.modules); "
+        "from packprep.packing import pack_lengths; "
+        "print(pack_lengths(np.array([3, 5, 2]), 8).n_bins, 'numba' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert out.stdout.split() == ["False", "2", "True"]
+
+
+def test_the_kernels_run_where_numba_cannot_cache_them():
+    """A read-only install and home, no NUMBA_CACHE_DIR: numba refuses ``cache=True``. The kernels
+    are then compiled for the run, with a warning that says how to keep them."""
+    code = (
+        "import warnings, numpy as np\n"
+        "from numba.core import caching\n"
+        "caching.CacheImpl._locator_classes = []  # nowhere to cache: what numba finds on a read-only system\n"
+        "from packprep.packing import pack_lengths\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    print(pack_lengths(np.array([3, 5, 2]), 8).n_bins)\n"
+        "print(any('NUMBA_CACHE_DIR' in str(w.message) for w in caught))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert out.stdout.split() == ["2", "True"]
