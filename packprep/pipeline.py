@@ -28,6 +28,7 @@ from .plan import check_overlong, check_strategy, overlong_fates, plan_bins
 from .progress import Progress
 from .read import Part, Source, file_sha256, resolve_inputs
 from .tokenize import BACKENDS, IGNORE_INDEX, TRAIN_ON, tokenizer_fingerprint
+from .verify import ShardContext, verify
 from .write import SHARD_FORMATS, OutputFolder, parse_size, write_shards
 
 ON_ERROR = ("skip", "fail")
@@ -155,18 +156,18 @@ def _pack_into(folder: OutputFolder, encoding: Encoding, config: PackConfig, lay
             bar.update(len(store))
         segments = _segments(bins, store)
         with Progress(progress, segments.offsets.size - 1, "write", "rows") as bar:
-            shards = write_shards(
+            check = ShardContext(tmp, DEFAULT_LAYOUT, config.max_len,
+                                 STRATEGY_TABLE[config.strategy].rows_may_exceed_max_len, False, len(ledger.status))
+            shards, checked = write_shards(
                 tmp, store, segments, config.max_len, config.shard_format, parse_size(config.shard_size), bar,
-                engine,
+                engine, check,
             )
         shutil.rmtree(store.cache_dir)
         manifest = _manifest(config, encoding, ledger, store, segments, shards, hashes.result())
         manifest["layout"] = DEFAULT_LAYOUT
         (tmp / "packprep.json").write_text(json.dumps(manifest, indent=2) + "\n")
         (tmp / "README.md").write_text(render_card(manifest))
-        from .verify import verify
-
-        report = verify(tmp, check_hashes=False, engine=engine)
+        report = verify(tmp, check_hashes=False, engine=engine, checked=checked)
         if not report.ok:  # a packprep bug, never a data problem: refuse to publish it
             raise RuntimeError(f"packed output failed verification: {report.failures[:3]}")
         if layout.name != DEFAULT_LAYOUT:

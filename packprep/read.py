@@ -501,11 +501,12 @@ class Part:
 
 
 def plan_parts(sources: list[Source], workers: int) -> list[Part]:
-    """Cut the inputs into parts: about eight a worker, none over ``PART_BYTES``. Uncompressed JSONL
+    """Cut the inputs into parts: about sixteen a worker (so that workers finish together), none over
+    ``PART_BYTES``. Uncompressed JSONL
     is cut at newlines, Parquet at row groups, Arrow IPC files at record batches; every other input
     (a JSON array, compressed JSONL, an Arrow stream, a saved dataset, a Hub id) is one part."""
     sizes = [os.path.getsize(s.path) if os.path.isfile(s.path) else 0 for s in sources]
-    target = min(PART_BYTES, max(MIN_PART_BYTES, sum(sizes) // max(1, workers * 8)))
+    target = min(PART_BYTES, max(MIN_PART_BYTES, sum(sizes) // max(1, workers * 16)))
     parts: list[Part] = []
     for number, (source, size) in enumerate(zip(sources, sizes)):
         pieces = None

@@ -15,7 +15,7 @@ import shutil
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -29,6 +29,7 @@ from .read import file_sha256
 
 if TYPE_CHECKING:  # pragma: no cover
     from .engines import Engine
+    from .verify import ShardContext
 
 SHARD_FORMATS = ("parquet", "arrow")
 BYTES_PER_TOKEN = 12  # input_ids + labels + position_ids, int32 each
@@ -36,10 +37,11 @@ BYTES_PER_SEQUENCE = 12  # seq_lens int32 + source_index int64
 ROW_GROUP_TOKENS = 1 << 20  # ~12 MB uncompressed: a writer's or verifier's memory is a few row groups
 # A shard writer holds a row group being compressed, the next one being gathered, the Parquet
 # writer's buffers and the pages it copied from the driver: ~96 MiB at 1M-token row groups (16
-# writers of 1M conversations added 1.55 GiB to the driver's 0.4; 4M-token groups took ~220 MiB).
-# The parallel writers get at most WRITERS_MEMORY between them: 10 writers.
-WRITER_BYTES = 96 << 20
-WRITERS_MEMORY = 1 << 30
+# writers of 1M conversations added 1.3 GiB to the driver's 0.4; 4M-token groups took ~220 MiB),
+# and a writer that reads its shard back to check it ~170 MiB. The parallel writers get at most
+# WRITERS_MEMORY between them: 8 writers.
+WRITER_BYTES = 160 << 20
+WRITERS_MEMORY = 5 << 28  # 1.25 GiB
 
 
 def parse_size(text: str | int) -> int:
@@ -158,8 +160,11 @@ def write_shards(
     shard_bytes: int = 500_000_000,
     progress=None,
     engine: "Engine | None" = None,
-) -> list[dict]:
-    """Write all rows of ``segments`` as shards under ``folder/data``; return their manifest entries.
+    check: "ShardContext | None" = None,
+) -> tuple[list[dict], list]:
+    """Write all rows of ``segments`` as shards under ``folder/data``; return their manifest entries
+    and, with ``check``, each shard's :func:`packprep.verify.check_shard` result: a writer reads back
+    and checks what it wrote while the others still write.
 
     The shards are written by ``engine``'s workers (default: this process), one shard a task; every
     shard is written the same way whoever writes it, so the bytes do not depend on the engine.
@@ -170,30 +175,32 @@ def write_shards(
 
     row_lengths = segments.row_lengths()
     plan = plan_shards(row_lengths, np.diff(segments.offsets), shard_bytes)
-    job = ShardJob(folder, store, segments, max_len, shard_format, len(plan))
+    job = ShardJob(folder, store, segments, max_len, shard_format, len(plan), check)
     writers = max(1, WRITERS_MEMORY // WRITER_BYTES)
-    entries = []
-    for (first, last), entry in zip(plan, (engine or LocalEngine()).map(write_shard, job, [
+    entries, checks = [], []
+    for (first, last), (entry, checked) in zip(plan, (engine or LocalEngine()).map(write_shard, job, [
             (index, first, last) for index, (first, last) in enumerate(plan)], workers=writers)):
         entries.append(entry)
+        checks.append(checked)
         if progress is not None:
             progress.update(last - first, entry["tokens"])
     if shard_format == "arrow":
         write_arrow_dataset_state(folder / "data", entries)
-    return entries
+    return entries, checks
 
 
 class ShardJob:
     """What writing any shard needs: the write stage's context (the token store's index, the pieces)."""
 
-    def __init__(self, folder, store, segments, max_len, shard_format, count):
+    def __init__(self, folder, store, segments, max_len, shard_format, count, check=None):
         self.folder, self.store, self.segments = folder, store, segments
         self.rows_per_group = max(1, ROW_GROUP_TOKENS // max(1, max_len))
-        self.shard_format, self.count = shard_format, count
+        self.shard_format, self.count, self.check = shard_format, count, check
 
 
-def write_shard(job: ShardJob, shard: tuple[int, int, int]) -> dict:
-    """The write stage: write rows ``[first, last)`` as shard ``index``; return its manifest entry."""
+def write_shard(job: ShardJob, shard: tuple[int, int, int]) -> tuple[dict, Any]:
+    """The write stage: write rows ``[first, last)`` as shard ``index``; return its manifest entry
+    and, if the job says so, the check of the shard as written (read back from the file)."""
     index, first, last = shard
     name = shard_name(index, job.count, job.shard_format)
     path = job.folder / name
@@ -208,7 +215,7 @@ def write_shard(job: ShardJob, shard: tuple[int, int, int]) -> dict:
             supervised += pc.sum(pc.not_equal(labels, -100)).as_py() or 0
             tokens += len(labels)
             write(table)
-    return {
+    entry = {
         "path": name,
         "rows": last - first,
         "tokens": tokens,
@@ -216,6 +223,11 @@ def write_shard(job: ShardJob, shard: tuple[int, int, int]) -> dict:
         "bytes": path.stat().st_size,
         "sha256": file_sha256(path),
     }
+    if job.check is None:
+        return entry, None
+    from .verify import check_shard
+
+    return entry, check_shard(job.check, entry)
 
 
 def _prefetched(pool, fn, calls):

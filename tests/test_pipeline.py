@@ -316,3 +316,24 @@ def test_worker_processes_tokenize_on_one_thread_each(encoder):
     with encoder.one_thread():
         assert encoder._fast.num_threads == 1
     assert encoder._fast.num_threads == threads
+
+
+@pytest.mark.parametrize("num_proc", [1, 2])
+def test_a_shard_written_wrong_is_caught_and_nothing_is_published(tmp_path, monkeypatch, num_proc):
+    """Each writer reads back the shard it wrote and checks it: a packprep bug that let B's first
+    label be trained (here: materialize forgetting the -100) stops the run before the output exists."""
+    from packprep import materialize as materialize_module, write as write_module
+
+    original = materialize_module.materialize
+
+    def leaky(store, segments):
+        table = original(store, segments)
+        labels = table.column("labels").combine_chunks()
+        ids = table.column("input_ids").combine_chunks()
+        return table.set_column(1, "labels", ids.cast(labels.type))  # every label trained, first ones too
+
+    monkeypatch.setattr(write_module, "materialize", leaky)
+    with pytest.raises(RuntimeError, match=r"packed output failed verification: .*first_label"):
+        packprep.pack(str(EXAMPLE_CHATS), tmp_path / "out", TOKENIZER, max_len=512, num_proc=num_proc,
+                      shard_size="100KB")
+    assert list(tmp_path.iterdir()) == []
