@@ -12,7 +12,6 @@ import hashlib
 import os
 import re
 import shutil
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
@@ -34,12 +33,12 @@ if TYPE_CHECKING:  # pragma: no cover
 SHARD_FORMATS = ("parquet", "arrow")
 BYTES_PER_TOKEN = 12  # input_ids + labels + position_ids, int32 each
 BYTES_PER_SEQUENCE = 12  # seq_lens int32 + source_index int64
-ROW_GROUP_TOKENS = 1 << 20  # ~12 MB uncompressed: a writer's or verifier's memory is a few row groups
-# A shard writer holds a row group being compressed, the next one being gathered, the Parquet
-# writer's buffers and the pages it copied from the driver: ~96 MiB at 1M-token row groups (16
-# writers of 1M conversations added 1.3 GiB to the driver's 0.4; 4M-token groups took ~220 MiB),
-# and a writer that reads its shard back to check it ~170 MiB. The parallel writers get at most
-# WRITERS_MEMORY between them: 8 writers.
+ROW_GROUP_TOKENS = 1 << 19  # ~6 MB uncompressed: a writer's memory grows with its row group (~200 B a token)
+# A shard writer holds a row group, the Parquet writer's encoding and compression buffers and,
+# when it reads its shard back to check it, the reader's: measured ~117 MiB private memory a writer
+# at 512k-token row groups (209 MiB at 1M tokens with the next group gathered on a second thread;
+# 8 writers of 1M conversations took the tree to 2.5 GiB that way). The parallel writers get at
+# most WRITERS_MEMORY between them: 8 writers.
 WRITER_BYTES = 160 << 20
 WRITERS_MEMORY = 5 << 28  # 1.25 GiB
 
@@ -207,10 +206,9 @@ def write_shard(job: ShardJob, shard: tuple[int, int, int]) -> tuple[dict, Any]:
     supervised = tokens = 0
     step = job.rows_per_group
     groups = [(lo, min(last, lo + step)) for lo in range(first, last, step)]
-    with shard_writer(path, job.shard_format) as write, ThreadPoolExecutor(1) as ahead:
-        # the next row group is gathered while this one is compressed (both release the GIL)
-        tables = _prefetched(ahead, lambda lo, hi: materialize(job.store, job.segments.select(lo, hi)), groups)
-        for table in tables:
+    with shard_writer(path, job.shard_format) as write:
+        for lo, hi in groups:  # one row group in memory at a time: the writers run side by side instead
+            table = materialize(job.store, job.segments.select(lo, hi))
             labels = pc.list_flatten(table.column("labels"))
             supervised += pc.sum(pc.not_equal(labels, -100)).as_py() or 0
             tokens += len(labels)
@@ -228,18 +226,6 @@ def write_shard(job: ShardJob, shard: tuple[int, int, int]) -> tuple[dict, Any]:
     from .verify import check_shard
 
     return entry, check_shard(job.check, entry)
-
-
-def _prefetched(pool, fn, calls):
-    """Yield ``fn(*args)`` for each ``args`` of ``calls`` in order, each computed one step ahead on ``pool``."""
-    pending = None
-    for args in calls:
-        submitted = pool.submit(fn, *args)
-        if pending is not None:
-            yield pending.result()
-        pending = submitted
-    if pending is not None:
-        yield pending.result()
 
 
 @contextmanager
