@@ -14,6 +14,7 @@ on a cluster of several machines, inputs and output must be on a file system eve
 from __future__ import annotations
 
 import logging
+import os
 from collections import deque
 from typing import Any
 
@@ -53,6 +54,7 @@ def _run_task(fn, boxed_context: list, item):
     task caches on it (a lazily loaded tokenizer) stays for the worker's next tasks."""
     import ray
 
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one task, one CPU (a runtime_env would start new workers)
     ref = boxed_context[0]
     key = ref.hex()
     if key not in _CONTEXTS:
@@ -119,8 +121,7 @@ class RayEngine:
         self.ray = _import_ray()
         self.workers = max(1, num_proc)
         self.started = _start_ray(self.ray, ray_address, self.workers)
-        env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false"}}  # one task, one CPU
-        self.task = self.ray.remote(num_cpus=1, runtime_env=env)(_run_task)
+        self.task = self.ray.remote(num_cpus=1)(_run_task)
 
     def map(self, fn, context, items, workers=None):
         workers = max(1, min(self.workers, workers or self.workers))
