@@ -144,3 +144,24 @@ def test_missing_ray_is_a_config_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
     with pytest.raises(ConfigError, match=r"pip install 'packprep\[ray\]'"):
         make_engine("ray", 1)
+
+
+def test_pack_on_four_nodes_writes_the_local_engines_bytes(engine, tmp_path, monkeypatch):
+    """The whole pipeline on the cluster: parts read, encoded and spilled by tasks on every node,
+    shards written and checked by tasks; the folder is byte-identical to the local engine's."""
+    import packprep
+    from packprep import read
+
+    from .conftest import EXAMPLE_CHATS, EXAMPLE_TOKENIZER
+
+    monkeypatch.setattr(read, "MIN_PART_BYTES", 50_000)  # a dozen parts, so that every node reads some
+    settings = {"max_len": 512, "seed": 3, "shard_size": "100KB"}
+    local = packprep.pack(str(EXAMPLE_CHATS), tmp_path / "local", str(EXAMPLE_TOKENIZER), num_proc=2, **settings)
+    ray_address = engine.ray.get_runtime_context().gcs_address
+    on_ray = packprep.pack(str(EXAMPLE_CHATS), tmp_path / "ray", str(EXAMPLE_TOKENIZER), num_proc=NODES,
+                           engine="ray", ray_address=ray_address, **settings)
+    assert len(on_ray["shards"]) > 1
+    assert on_ray == local
+    files = lambda folder: {str(p.relative_to(folder)): p.read_bytes()  # noqa: E731
+                            for p in sorted(folder.rglob("*")) if p.is_file()}
+    assert files(tmp_path / "ray") == files(tmp_path / "local")
