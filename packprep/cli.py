@@ -18,8 +18,7 @@ from .layout import layout_names
 from .normalize import CONSECUTIVE, FORMATS, LEADING, SYSTEM, changes_text
 from .packing import ROW_ORDERS, STRATEGIES, STRATEGY_TABLE
 from .inspect import inspect_row
-from .engines import make_engine
-from .engines import ENGINES
+from .engines import ENGINES, make_engine
 from .pipeline import ON_ERROR, PackConfig, pack as pack_
 from .stats import DEFAULT_MAX_LENS, DEFAULT_STRATEGIES, stats as stats_
 from .verify import verify as verify_

@@ -145,12 +145,10 @@ def encode_part(context: EncodeContext, part: Part) -> PartResult:
     sink = context.sink(part)
     fmt, forced = context.formats[part.source], bool(context.config.format)
     seen: Counter = Counter()
-    lines = 0
+    records = read_part(part)
 
     def normalized() -> Iterator[tuple[int, Record, Conversation | Rejected]]:
-        nonlocal lines
-        for record in read_part(part):
-            lines = record.line or lines
+        for record in records:
             number = ledger.add()
             if record.error is not None:
                 yield number, record, Rejected(record.error, "unreadable")
@@ -173,7 +171,7 @@ def encode_part(context: EncodeContext, part: Part) -> PartResult:
         except RecordFailure as exc:
             failure = {"file": exc.record.file, "index": exc.record.index, "line": exc.record.line,
                        "reason": exc.reason}
-    return PartResult(len(ledger.status), lines, ledger.status, ledger.reasons, ledger.changes, seen,
+    return PartResult(len(ledger.status), records.lines, ledger.status, ledger.reasons, ledger.changes, seen,
                       ledger.turns_not_located, ledger.entries, failure, tokens, encoder.backend_name, sink.finish())
 
 

@@ -296,9 +296,10 @@ def _read_jsonl(path: str) -> Iterator[Record]:
     yield from _jsonl_records(path, _open_text(path), _bom_length(path))
 
 
-def _jsonl_records(path: str, handle: io.TextIOBase, first_byte: int, from_start: bool = True) -> Iterator[Record]:
+def _jsonl_records(path: str, handle: io.TextIOBase, first_byte: int, from_start: bool = True):
     """The records of JSONL text that starts ``first_byte`` bytes into the (decompressed) file
-    (``from_start``: at the file's first line); index and line count from this text's start."""
+    (``from_start``: at the file's first line); index and line count from this text's start.
+    Returns the number of lines read."""
     index = 0
     line_no = 0
     offset = first_byte  # bytes of (decompressed) text read so far
@@ -335,6 +336,7 @@ def _jsonl_records(path: str, handle: io.TextIOBase, first_byte: int, from_start
             if line_no
             else f"{path}: cannot read from the start (byte 0): {exc}"
         ) from exc
+    return line_no
 
 
 def _bom_length(path: str) -> int:
@@ -581,8 +583,22 @@ def _grouped(kind: str, sizes: list[int], rows: list[int], target: int) -> list[
     return pieces
 
 
-def read_part(part: Part) -> Iterator[Record]:
-    """Yield the records of one part, numbered from the part's start."""
+class PartRecords:
+    """The records of one part, numbered from the part's start; once iterated, ``lines`` is the
+    number of lines the part spans (JSONL; blank lines count), where the next part's numbering goes on."""
+
+    def __init__(self, part: Part):
+        self.part, self.lines = part, 0
+
+    def __iter__(self) -> Iterator[Record]:
+        self.lines = yield from _part_records(self.part)
+
+
+def read_part(part: Part) -> PartRecords:
+    return PartRecords(part)
+
+
+def _part_records(part: Part):
     if part.kind == "jsonl-range":
         if part.first == 0:
             _check_text(part.path)
@@ -591,8 +607,8 @@ def read_part(part: Part) -> Iterator[Record]:
         limited = io.BufferedReader(_Range(raw, part.stop - part.first), 1 << 20)
         encoding = "utf-8-sig" if part.first == 0 else "utf-8"
         text = io.TextIOWrapper(limited, encoding=encoding, errors="surrogateescape", newline="")
-        yield from _jsonl_records(part.path, text, part.first or _bom_length(part.path), part.first == 0)
-    elif part.kind == "parquet-groups":
+        return (yield from _jsonl_records(part.path, text, part.first or _bom_length(part.path), part.first == 0))
+    if part.kind == "parquet-groups":
         import pyarrow.parquet as pq
 
         batches = pq.ParquetFile(part.path).iter_batches(batch_size=1024, row_groups=range(part.first, part.stop))
@@ -605,6 +621,7 @@ def read_part(part: Part) -> Iterator[Record]:
         yield from _read_table_batches(part.path, batches, part.first_record)
     else:
         yield from read_records(Source(part.path, part.kind))
+    return 0
 
 
 class _Range(io.RawIOBase):

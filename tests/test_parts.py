@@ -133,3 +133,23 @@ def test_on_error_fail_names_the_line_in_the_file_not_in_the_part(tmp_path, tiny
     with pytest.raises(InputError, match=r"chats.jsonl, line 301: invalid JSON"):
         packprep.pack(str(path), tmp_path / "out", TOKENIZER, num_proc=2, max_len=512, on_error="fail")
     assert not (tmp_path / "out").exists()
+
+
+def test_blank_lines_at_the_end_of_a_part_still_count_for_the_next_parts_line_numbers(tmp_path, monkeypatch):
+    """Line numbers go on across parts even where a part ends in blank lines (read, not yielded)."""
+    monkeypatch.setattr(read, "MIN_PART_BYTES", 300)
+    monkeypatch.setattr(read, "PART_BYTES", 300)
+    good = json.dumps({"conversations": [{"from": "human", "value": "Hi?"}, {"from": "gpt", "value": "Hello."}]})
+    lines = []
+    for block in range(40):
+        lines += [good] * 3 + [" " * 80] * 4  # runs of blank lines: many parts end inside one
+    lines[250] = "{not json"
+    path = tmp_path / "blanks.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    parts = plan_parts([Source(str(path), "jsonl")], 1)
+    data = path.read_bytes()
+    ends_blank = [not data[: p.stop - 1].rsplit(b"\n", 1)[-1].strip() for p in parts[:-1]]
+    assert sum(ends_blank) > 5  # parts whose last line is blank
+    packprep.pack(str(path), tmp_path / "out", TOKENIZER, num_proc=2, max_len=256)
+    rejects = [json.loads(line) for line in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
+    assert [(r["line"], r["index"], r["code"]) for r in rejects] == [(251, lines[:250].count(good), "unreadable")]
