@@ -504,16 +504,17 @@ class Part:
 
 def plan_parts(sources: list[Source], workers: int) -> list[Part]:
     """Cut the inputs into parts: about sixteen a worker (so that workers finish together), none over
-    ``PART_BYTES``. Uncompressed JSONL
-    is cut at newlines, Parquet at row groups, Arrow IPC files at record batches; every other input
-    (a JSON array, compressed JSONL, an Arrow stream, a saved dataset, a Hub id) is one part."""
+    ``PART_BYTES``. Uncompressed JSONL is cut at newlines, Parquet at row groups, Arrow IPC files at
+    record batches; every other input (a JSON array, even one named .jsonl, compressed JSONL, an
+    Arrow stream, a saved dataset, a Hub id) is one part."""
     sizes = [os.path.getsize(s.path) if os.path.isfile(s.path) else 0 for s in sources]
     target = min(PART_BYTES, max(MIN_PART_BYTES, sum(sizes) // max(1, workers * 16)))
     parts: list[Part] = []
     for number, (source, size) in enumerate(zip(sources, sizes)):
         pieces = None
         try:
-            if source.kind == "jsonl" and not source.path.endswith(COMPRESSED_SUFFIXES) and size > target:
+            if (source.kind == "jsonl" and not source.path.endswith(COMPRESSED_SUFFIXES) and size > target
+                    and _first_character(source.path) != "["):
                 pieces = [("jsonl-range", a, b, 0) for a, b in _newline_cuts(source.path, size, target)]
             elif source.kind == "parquet":
                 pieces = _parquet_pieces(source.path, target)
@@ -528,8 +529,6 @@ def plan_parts(sources: list[Source], workers: int) -> list[Part]:
 
 def _newline_cuts(path: str, size: int, target: int) -> list[tuple[int, int]]:
     """Byte ranges of about ``target`` bytes, each ending just after a newline (or at the end)."""
-    if _first_character(path) == "[":  # a JSON array named .jsonl is read whole
-        return [(0, size)]
     cuts = [0]
     with open(path, "rb") as handle:
         for guess in range(target, size, target):

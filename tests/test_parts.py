@@ -80,8 +80,12 @@ def test_inputs_that_cannot_be_cut_are_one_part(tmp_path, tiny_parts):
     compressed.write_bytes(gzip.compress(EXAMPLE_CHATS.read_bytes()))
     array = tmp_path / "chats.json"
     array.write_text(json.dumps([json.loads(line) for line in EXAMPLE_CHATS.read_text().splitlines()]))
-    parts = plan_parts([Source(str(compressed), "jsonl"), Source(str(array), "json")], workers=4)
-    assert [(p.source, p.kind, p.stop) for p in parts] == [(0, "jsonl", None), (1, "json", None)]
+    array_named_jsonl = tmp_path / "array.jsonl"  # larger than a part: still read as the array it is
+    array_named_jsonl.write_bytes(array.read_bytes())
+    sources = [Source(str(compressed), "jsonl"), Source(str(array), "json"), Source(str(array_named_jsonl), "jsonl")]
+    parts = plan_parts(sources, workers=4)
+    assert [(p.source, p.kind, p.stop) for p in parts] == [(0, "jsonl", None), (1, "json", None), (2, "jsonl", None)]
+    assert [r.data for r in read_part(parts[2])] == json.loads(array.read_text())
 
 
 def test_table_parts_follow_row_groups_and_record_batches(tmp_path, tiny_parts):
