@@ -124,9 +124,8 @@ class PartResult:
     """What a worker says about one part: counts, rejections and its sink's result; records are
     numbered from the part's start (the driver knows where each part starts once earlier ones are in)."""
 
-    records: int = 0
     lines: int = 0  # lines read (JSONL): where the next part of the file starts counting
-    status: bytearray = field(default_factory=bytearray)
+    status: bytearray = field(default_factory=bytearray)  # each record's fate
     reasons: Counter = field(default_factory=Counter)
     changes: Counter = field(default_factory=Counter)
     formats: Counter = field(default_factory=Counter)
@@ -136,6 +135,10 @@ class PartResult:
     tokens: int = 0
     backend: str = ""
     payload: Any = None
+
+    @property
+    def records(self) -> int:
+        return len(self.status)
 
 
 def encode_part(context: EncodeContext, part: Part) -> PartResult:
@@ -171,7 +174,7 @@ def encode_part(context: EncodeContext, part: Part) -> PartResult:
         except RecordFailure as exc:
             failure = {"file": exc.record.file, "index": exc.record.index, "line": exc.record.line,
                        "reason": exc.reason}
-    return PartResult(len(ledger.status), records.lines, ledger.status, ledger.reasons, ledger.changes, seen,
+    return PartResult(records.lines, ledger.status, ledger.reasons, ledger.changes, seen,
                       ledger.turns_not_located, ledger.entries, failure, tokens, encoder.backend_name, sink.finish())
 
 

@@ -131,7 +131,7 @@ def verify(folder: str | Path, check_hashes: bool = True, retokenize: int = 0, s
     # rows checked: otherwise they would only repeat the failure above as a second, wrong one.
     complete = True
     shards = manifest["shards"]  # (no more workers than shards: a single shard is checked here, unforked)
-    if checked is None or len(checked) != len(shards):
+    if checked is None:
         checked = (engine or LocalEngine(1)).map(check_shard, context, shards, workers=max(1, len(shards)))
     for shard in checked:
         report.failures.extend(shard.failures)

@@ -167,8 +167,8 @@ def write_shards(
 
     The shards are written by ``engine``'s workers (default: this process), one shard a task; every
     shard is written the same way whoever writes it, so the bytes do not depend on the engine.
-    Memory: each writer holds about two row groups (``ROW_GROUP_TOKENS`` tokens), and at most
-    ``WRITERS_MEMORY // WRITER_BYTES`` writers run at once.
+    Memory: each writer holds one row group (``ROW_GROUP_TOKENS`` tokens) and its Parquet buffers,
+    and at most ``WRITERS_MEMORY // WRITER_BYTES`` writers run at once.
     """
     from .engines import LocalEngine
 
@@ -204,11 +204,9 @@ def write_shard(job: ShardJob, shard: tuple[int, int, int]) -> tuple[dict, Any]:
     name = shard_name(index, job.count, job.shard_format)
     path = job.folder / name
     supervised = tokens = 0
-    step = job.rows_per_group
-    groups = [(lo, min(last, lo + step)) for lo in range(first, last, step)]
     with shard_writer(path, job.shard_format) as write:
-        for lo, hi in groups:  # one row group in memory at a time: the writers run side by side instead
-            table = materialize(job.store, job.segments.select(lo, hi))
+        for lo in range(first, last, job.rows_per_group):  # one row group in memory at a time
+            table = materialize(job.store, job.segments.select(lo, min(last, lo + job.rows_per_group)))
             labels = pc.list_flatten(table.column("labels"))
             supervised += pc.sum(pc.not_equal(labels, -100)).as_py() or 0
             tokens += len(labels)
