@@ -35,11 +35,11 @@ BYTES_PER_TOKEN = 12  # input_ids + labels + position_ids, int32 each
 BYTES_PER_SEQUENCE = 12  # seq_lens int32 + source_index int64
 ROW_GROUP_TOKENS = 1 << 19  # ~6 MB uncompressed: a writer's memory grows with its row group (~200 B a token)
 # A shard writer holds a row group, the Parquet writer's encoding and compression buffers and,
-# when it reads its shard back to check it, the reader's: measured ~117 MiB private memory a writer
-# at 512k-token row groups (209 MiB at 1M tokens with the next group gathered on a second thread;
-# 8 writers of 1M conversations took the tree to 2.5 GiB that way). The parallel writers get at
-# most WRITERS_MEMORY between them: 8 writers.
-WRITER_BYTES = 160 << 20
+# when it reads its shard back to check it, the reader's: measured 75-80 MiB private memory a
+# writer at 512k-token row groups, once Arrow's process-wide state is made before the fork
+# (:func:`_arrow_ready`; 115 MiB without). The parallel writers get at most WRITERS_MEMORY between
+# them: 16 writers.
+WRITER_BYTES = 80 << 20
 WRITERS_MEMORY = 5 << 28  # 1.25 GiB
 
 
@@ -172,6 +172,7 @@ def write_shards(
     """
     from .engines import LocalEngine
 
+    _arrow_ready()
     row_lengths = segments.row_lengths()
     plan = plan_shards(row_lengths, np.diff(segments.offsets), shard_bytes)
     job = ShardJob(folder, store, segments, max_len, shard_format, len(plan), check)
@@ -186,6 +187,21 @@ def write_shards(
     if shard_format == "arrow":
         write_arrow_dataset_state(folder / "data", entries)
     return entries, checks
+
+
+def _arrow_ready() -> None:
+    """Have Arrow set up its process-wide state here, before the writers fork: its first array and
+    first Parquet write allocate ~60 MiB (the compute function registry, the codec), which forked
+    writers then share instead of each making a copy of its own."""
+    offsets = pa.array(np.array([0, 2], np.int32))
+    ids = pa.array(np.zeros(2, np.int32), pa.int32())
+    columns = [pa.ListArray.from_arrays(offsets, ids)] * 4 + [pa.ListArray.from_arrays(offsets, ids.cast(pa.int64()))]
+    table = pa.Table.from_arrays(columns, schema=ROW_SCHEMA)
+    pc.sum(pc.not_equal(pc.list_flatten(table.column("labels")), -100))
+    sink = pa.BufferOutputStream()
+    with shard_writer(sink, "parquet") as write:
+        write(table)
+    pq.read_table(pa.BufferReader(sink.getvalue()))
 
 
 class ShardJob:
@@ -219,15 +235,17 @@ def write_shard(job: ShardJob, shard: tuple[int, int, int]) -> tuple[dict, Any]:
         "bytes": path.stat().st_size,
         "sha256": file_sha256(path),
     }
-    if job.check is None:
-        return entry, None
-    from .verify import check_shard
+    checked = None
+    if job.check is not None:
+        from .verify import check_shard
 
-    return entry, check_shard(job.check, entry)
+        checked = check_shard(job.check, entry)
+    pa.default_memory_pool().release_unused()  # what Arrow kept for this shard is not held through the next
+    return entry, checked
 
 
 @contextmanager
-def shard_writer(path: Path, shard_format: str, schema: pa.Schema = ROW_SCHEMA):
+def shard_writer(path: Path | pa.NativeFile, shard_format: str, schema: pa.Schema = ROW_SCHEMA):
     """A function writing tables of ``schema`` to one shard (``export`` writes other layouts' schemas)."""
     if shard_format == "parquet":
         # no dictionary pages: token ids have too many distinct values for them to pay; without
