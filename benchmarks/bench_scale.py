@@ -192,6 +192,7 @@ def timed_main(argv: list[str]) -> None:
     """``python -m packprep <argv>`` with stage timers; prints one ``BENCH_STAGES {...}`` line."""
     import importlib
 
+    importlib.import_module("packprep.cli")  # first, as in the real command: it sets the environment before numpy loads
     pipeline = importlib.import_module("packprep.pipeline")
     verify_module = importlib.import_module("packprep.verify")  # the module, not packprep.verify()
 

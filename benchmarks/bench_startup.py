@@ -33,6 +33,7 @@ RECORD = {"conversations": [{"from": "human", "value": "Hi there"}, {"from": "gp
 def child(argv: list[str]) -> None:
     """``packprep <argv>`` until the first record is read for encoding; prints one BENCH_STARTUP line."""
     launch = float(os.environ["BENCH_LAUNCH"])
+    import packprep.cli  # first, as in the real command: it sets the environment before numpy loads
     import packprep.encode as encode
     import packprep.tokenize as tokenize
 
