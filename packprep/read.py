@@ -12,6 +12,7 @@ import glob
 import gzip
 import hashlib
 import io
+import itertools
 import json
 import os
 from dataclasses import dataclass
@@ -434,17 +435,22 @@ def _read_parquet(path: str) -> Iterator[Record]:
     yield from _read_table_batches(path, parquet.iter_batches(batch_size=1024))
 
 
-def _read_arrow(path: str) -> Iterator[Record]:
+def _ipc_batches(path: str, first: int = 0) -> Iterator[Any]:
+    """The record batches of an Arrow IPC file or stream from batch ``first`` on. Memory-mapped, so that
+    a stream's batches before ``first``, which can only be reached in order, are skipped without a copy."""
     import pyarrow as pa
 
+    with open(path, "rb") as handle:
+        head = handle.read(6)
+    if head == b"ARROW1":
+        reader = pa.ipc.open_file(pa.memory_map(path))
+        return (reader.get_batch(i) for i in range(first, reader.num_record_batches))
+    return itertools.islice(pa.ipc.open_stream(pa.memory_map(path)), first, None)
+
+
+def _read_arrow(path: str) -> Iterator[Record]:
     try:
-        with open(path, "rb") as handle:
-            head = handle.read(6)
-        if head == b"ARROW1":
-            reader = pa.ipc.open_file(pa.memory_map(path))
-            batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
-        else:
-            batches = iter(pa.ipc.open_stream(pa.memory_map(path)))
+        batches = _ipc_batches(path)
     except Exception as exc:
         raise InputError(f"{path}: not a readable Arrow IPC file: {exc}") from exc
     # one record batch at a time, cut to 1,024 rows: memory stays bounded by a batch
@@ -489,24 +495,27 @@ COMPRESSED_SUFFIXES = (".gz", ".zst")
 @dataclass(frozen=True)
 class Part:
     """A piece of one input that a worker reads on its own: a byte range of a JSONL file (both
-    ends just after a newline), a range of Parquet row groups or Arrow record batches, or a whole
-    file. ``first`` and ``stop`` are bytes, row groups or record batches, by ``kind``; stop
-    None is the end. Records read from a part are numbered from the part's start."""
+    ends just after a newline), a range of Parquet row groups or of Arrow record batches (of an IPC
+    file or stream, or of one file of a saved dataset), or a whole input.
+    ``first`` and ``stop`` are bytes, row groups or record batches, by ``kind``; stop None is the
+    end. Records read from a part are numbered from the part's start."""
 
     number: int  # position among the run's parts: results are merged in this order
     source: int  # position of the input among the run's sources
-    path: str
+    path: str  # the input, which records name
     kind: str  # a Source kind, or "jsonl-range", "parquet-groups", "arrow-batches"
     first: int = 0
     stop: int | None = None
-    first_record: int = 0  # records of the file before this part, where known before reading (tables)
+    first_record: int = 0  # records of the input before this part, where known before reading (tables)
+    data_file: str = ""  # the Arrow file of a saved dataset (at ``path``) that the batches are in
 
 
 def plan_parts(sources: list[Source], workers: int) -> list[Part]:
     """Cut the inputs into parts: about sixteen a worker (so that workers finish together), none over
-    ``PART_BYTES``. Uncompressed JSONL is cut at newlines, Parquet at row groups, Arrow IPC files at
-    record batches; every other input (a JSON array, even one named .jsonl, compressed JSONL, an
-    Arrow stream, a saved dataset, a Hub id) is one part."""
+    ``PART_BYTES``. Uncompressed JSONL is cut at newlines, Parquet at row groups, Arrow IPC files and
+    streams at record batches, a saved dataset at the record batches of its files; every other input
+    (a JSON array, even one named .jsonl, compressed JSONL, a Hub id) is one part, as is a saved
+    dataset whose plain case the planner cannot vouch for."""
     sizes = [os.path.getsize(s.path) if os.path.isfile(s.path) else 0 for s in sources]
     target = min(PART_BYTES, max(MIN_PART_BYTES, sum(sizes) // max(1, workers * 16)))
     parts: list[Part] = []
@@ -515,15 +524,17 @@ def plan_parts(sources: list[Source], workers: int) -> list[Part]:
         try:
             if (source.kind == "jsonl" and not source.path.endswith(COMPRESSED_SUFFIXES) and size > target
                     and _first_character(source.path) != "["):
-                pieces = [("jsonl-range", a, b, 0) for a, b in _newline_cuts(source.path, size, target)]
+                pieces = [("jsonl-range", a, b, 0, "") for a, b in _newline_cuts(source.path, size, target)]
             elif source.kind == "parquet":
                 pieces = _parquet_pieces(source.path, target)
             elif source.kind == "arrow":
-                pieces = _arrow_pieces(source.path, target)
+                pieces = _grouped("arrow-batches", _batch_sizes(source.path), target)
+            elif source.kind == "saved_dataset":
+                pieces = _saved_dataset_pieces(source.path, target)
         except Exception:  # an unreadable file: its one part's reader reports it, naming the file
             pieces = None
-        for kind, first, stop, first_record in pieces or [(source.kind, 0, None, 0)]:
-            parts.append(Part(len(parts), number, source.path, kind, first, stop, first_record))
+        for kind, first, stop, first_record, data_file in pieces or [(source.kind, 0, None, 0, "")]:
+            parts.append(Part(len(parts), number, source.path, kind, first, stop, first_record, data_file))
     return parts
 
 
@@ -553,32 +564,55 @@ def _parquet_pieces(path: str, target: int) -> list[tuple]:
     import pyarrow.parquet as pq
 
     metadata = pq.ParquetFile(path).metadata
-    sizes = [metadata.row_group(i).total_byte_size for i in range(metadata.num_row_groups)]
-    rows = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
-    return _grouped("parquet-groups", sizes, rows, target)
+    groups = [metadata.row_group(i) for i in range(metadata.num_row_groups)]
+    return _grouped("parquet-groups", [(g.total_byte_size, g.num_rows) for g in groups], target)
 
 
-def _arrow_pieces(path: str, target: int) -> list[tuple] | None:
-    import pyarrow as pa
-
-    with open(path, "rb") as handle:
-        if handle.read(6) != b"ARROW1":
-            return None  # an IPC stream: batches can only be reached in order
-    reader = pa.ipc.open_file(pa.memory_map(path))
-    batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
-    return _grouped("arrow-batches", [b.nbytes for b in batches], [b.num_rows for b in batches], target)
+def _batch_sizes(path: str) -> list[tuple[int, int]]:
+    """Bytes and rows of each record batch of an Arrow IPC file or stream: one walk through the batches'
+    metadata (memory-mapped: no copy)."""
+    return [(batch.nbytes, batch.num_rows) for batch in _ipc_batches(path)]
 
 
-def _grouped(kind: str, sizes: list[int], rows: list[int], target: int) -> list[tuple]:
-    """Runs of consecutive units (row groups, batches) of about ``target`` bytes together."""
-    pieces, first, acc, before, first_record = [], 0, 0, 0, 0
-    for unit, (size, count) in enumerate(zip(sizes, rows)):
+def _grouped(kind: str, units: list[tuple[int, int]], target: int, before: int = 0,
+             data_file: str = "") -> list[tuple]:
+    """Runs of consecutive units (row groups, batches: their bytes and rows) of about ``target`` bytes
+    together; ``before``: records of the input before the first unit."""
+    pieces, first, acc, first_record = [], 0, 0, before
+    for unit, (size, rows) in enumerate(units):
         if acc and acc + size > target:
-            pieces.append((kind, first, unit, first_record))
+            pieces.append((kind, first, unit, first_record, data_file))
             first, acc, first_record = unit, 0, before
         acc += size
-        before += count
-    pieces.append((kind, first, len(sizes), first_record))
+        before += rows
+    pieces.append((kind, first, len(units), first_record, data_file))
+    return pieces
+
+
+SAVED_STATE_KEYS = {"_data_files", "_fingerprint", "_format_columns", "_format_kwargs", "_format_type",
+                    "_output_all_columns", "_split"}
+
+
+def _saved_dataset_pieces(path: str, target: int) -> list[tuple] | None:
+    """A folder saved by ``datasets``: its Arrow files in the order ``load_from_disk`` concatenates them
+    (the records ``_read_saved_dataset`` reads, in its order), each cut at record batches. None, to read
+    it whole through ``datasets``, for anything but that plain case: a DatasetDict without a 'train'
+    split, an indices mapping, a state this code does not know."""
+    folder = Path(path)
+    if not ((folder / "state.json").is_file() and (folder / "dataset_info.json").is_file()):
+        if "train" not in json.loads((folder / "dataset_dict.json").read_text(encoding="utf-8"))["splits"]:
+            return None
+        folder = folder / "train"  # a DatasetDict: the split ``load_from_disk(path)["train"]`` reads
+    state = json.loads((folder / "state.json").read_text(encoding="utf-8"))
+    if set(state) - SAVED_STATE_KEYS or any(folder.glob("indices*")) or not state["_data_files"]:
+        return None
+    pieces: list[tuple] = []
+    before = 0
+    for entry in state["_data_files"]:
+        data_file = str(folder / entry["filename"])
+        batches = _batch_sizes(data_file)
+        pieces += _grouped("arrow-batches", batches, target, before, data_file)
+        before += sum(rows for _, rows in batches)
     return pieces
 
 
@@ -613,11 +647,9 @@ def _part_records(part: Part):
         batches = pq.ParquetFile(part.path).iter_batches(batch_size=1024, row_groups=range(part.first, part.stop))
         yield from _read_table_batches(part.path, batches, part.first_record)
     elif part.kind == "arrow-batches":
-        import pyarrow as pa
-
-        reader = pa.ipc.open_file(pa.memory_map(part.path))
-        batches = (piece for i in range(part.first, part.stop) for piece in _slices(reader.get_batch(i), 1024))
-        yield from _read_table_batches(part.path, batches, part.first_record)
+        batches = itertools.islice(_ipc_batches(part.data_file or part.path, part.first), part.stop - part.first)
+        yield from _read_table_batches(part.path, (p for batch in batches for p in _slices(batch, 1024)),
+                                       part.first_record)
     else:
         yield from read_records(Source(part.path, part.kind))
     return 0
