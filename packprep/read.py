@@ -8,6 +8,7 @@ error (the rest of the file is still usable); a file that cannot be parsed at al
 
 from __future__ import annotations
 
+import codecs
 import glob
 import gzip
 import hashlib
@@ -377,19 +378,13 @@ def _read_json(path: str) -> Iterator[Record]:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         hint = ""
-        message = exc.msg
-        if message.startswith("Unterminated string"):  # json says "... starting at" and leaves the place out
-            message = "a string that starts here is never closed"
         size = len(text.encode("utf-8", "surrogateescape"))
         if exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated string"):  # both: EOF reached
             hint = f" (the file ends early, at byte {size:,}: was it cut off? The records before it are complete)"
         elif text.lstrip().startswith("{") and "\n{" in text:
             hint = " (one JSON object per line? name the file .jsonl)"
         byte = len(text[: exc.pos].encode("utf-8", "surrogateescape"))
-        raise InputError(
-            f"{path}: not valid JSON at line {exc.lineno}, column {exc.colno} "
-            f"(character {exc.pos}, byte {byte:,}): {message}{hint}"
-        ) from exc
+        raise _invalid_json(path, exc.msg, (exc.lineno, exc.colno, exc.pos, byte), hint) from exc
     except (ValueError, RecursionError) as exc:
         raise InputError(f"{path}: cannot decode: {_decode_error(exc)}") from exc
     if isinstance(data, dict):
@@ -402,6 +397,15 @@ def _read_json(path: str) -> Iterator[Record]:
             yield Record(path, index, None, _raw_preview(json.dumps(item)), LONE_SURROGATE)
         else:
             yield Record(path, index, None, data=item)
+
+
+def _invalid_json(path: str, message: str, where: tuple[int, int, int, int], hint: str = "") -> InputError:
+    """Invalid JSON at ``where``: line, column, character and byte, as json counts them in the whole text."""
+    if message.startswith("Unterminated string"):  # json says "... starting at" and leaves the place out
+        message = "a string that starts here is never closed"
+    line, column, char, byte = where
+    return InputError(f"{path}: not valid JSON at line {line}, column {column} (character {char}, byte {byte:,}): "
+                      f"{message}{hint}")
 
 
 def _json_type(value: Any) -> str:
@@ -495,36 +499,40 @@ COMPRESSED_SUFFIXES = (".gz", ".zst")
 @dataclass(frozen=True)
 class Part:
     """A piece of one input that a worker reads on its own: a byte range of a JSONL file (both
-    ends just after a newline), a range of Parquet row groups or of Arrow record batches (of an IPC
-    file or stream, or of one file of a saved dataset), or a whole input.
+    ends just after a newline) or of a JSON array (whole items: from the '[' or a comma between
+    items to the next such comma or the end), a range of Parquet row groups or of Arrow record
+    batches (of an IPC file or stream, or of one file of a saved dataset), or a whole input.
     ``first`` and ``stop`` are bytes, row groups or record batches, by ``kind``; stop None is the
     end. Records read from a part are numbered from the part's start."""
 
     number: int  # position among the run's parts: results are merged in this order
     source: int  # position of the input among the run's sources
     path: str  # the input, which records name
-    kind: str  # a Source kind, or "jsonl-range", "parquet-groups", "arrow-batches"
+    kind: str  # a Source kind, or "jsonl-range", "json-range", "parquet-groups", "arrow-batches"
     first: int = 0
     stop: int | None = None
-    first_record: int = 0  # records of the input before this part, where known before reading (tables)
+    first_record: int = 0  # records of the input before this part, where known before reading (not JSONL)
     data_file: str = ""  # the Arrow file of a saved dataset (at ``path``) that the batches are in
 
 
 def plan_parts(sources: list[Source], workers: int) -> list[Part]:
     """Cut the inputs into parts: about sixteen a worker (so that workers finish together), none over
-    ``PART_BYTES``. Uncompressed JSONL is cut at newlines, Parquet at row groups, Arrow IPC files and
-    streams at record batches, a saved dataset at the record batches of its files; every other input
-    (a JSON array, even one named .jsonl, compressed JSONL, a Hub id) is one part, as is a saved
-    dataset whose plain case the planner cannot vouch for."""
+    ``PART_BYTES``. Uncompressed JSONL is cut at newlines, an uncompressed JSON array (even one named
+    .jsonl) between items, Parquet at row groups, Arrow IPC files and streams at record batches, a
+    saved dataset at the record batches of its files. Compressed JSON and JSONL (read from the start
+    only) and a Hub id are one part each, as is an input whose plain case the planner cannot vouch for
+    (its one part's reader reports what is wrong with it)."""
     sizes = [os.path.getsize(s.path) if os.path.isfile(s.path) else 0 for s in sources]
     target = min(PART_BYTES, max(MIN_PART_BYTES, sum(sizes) // max(1, workers * 16)))
     parts: list[Part] = []
     for number, (source, size) in enumerate(zip(sources, sizes)):
         pieces = None
         try:
-            if (source.kind == "jsonl" and not source.path.endswith(COMPRESSED_SUFFIXES) and size > target
-                    and _first_character(source.path) != "["):
-                pieces = [("jsonl-range", a, b, 0, "") for a, b in _newline_cuts(source.path, size, target)]
+            if source.kind in ("json", "jsonl") and not source.path.endswith(COMPRESSED_SUFFIXES) and size > target:
+                if source.kind == "json" or _first_character(source.path) == "[":
+                    pieces = _json_array_pieces(source.path, size, target)
+                else:
+                    pieces = [("jsonl-range", a, b, 0, "") for a, b in _newline_cuts(source.path, size, target)]
             elif source.kind == "parquet":
                 pieces = _parquet_pieces(source.path, target)
             elif source.kind == "arrow":
@@ -558,6 +566,90 @@ def _newline_cuts(path: str, size: int, target: int) -> list[tuple[int, int]]:
                     break
     cuts.append(size)
     return list(zip(cuts[:-1], cuts[1:]))
+
+
+JSON_SCAN_BYTES = 4 << 20  # the planner scans a JSON array this much at a time (its memory: ~10x this)
+JSON_READ_BYTES = 1 << 20  # a worker reads its range of a JSON array this much at a time
+JSON_WHITESPACE = b" \t\n\r"
+BOM = b"\xef\xbb\xbf"
+_WHITESPACE = json.decoder.WHITESPACE.match
+
+
+def _json_array_pieces(path: str, size: int, target: int) -> list[tuple] | None:
+    """Byte ranges of a JSON array of about ``target`` bytes, each from a top-level comma (the first
+    from the file's start) to the next range's, with the number of items before it; without parsing.
+
+    A block at a time, numpy finds the quotes not escaped by an odd run of backslashes (a run may go
+    on from the block before); their running parity marks what is inside strings; outside strings,
+    brackets give the depth, and commas at depth 1 separate items. That is exact for valid JSON. After
+    an error the cuts may fall anywhere, but the range holding the first error starts at a true comma,
+    and it reports that error as json does (``_json_range_records``). None, so that the whole-file
+    reader reports it as it always has, where the scan cannot vouch for the file: not whitespace then
+    '[', an array not closed by the file's last bracket, anything but whitespace after it; or where
+    there would be one range anyway.
+    """
+    import numpy as np
+
+    kinds_of = np.zeros(256, np.uint8)  # 1 opens, 2 closes, 3 comma, 4 quote, 5 backslash
+    for character, kind in zip(b'[{]},"\\', (1, 1, 2, 2, 3, 4, 5)):
+        kinds_of[character] = kind
+    marked = (kinds_of != 0).tobytes()
+    cuts: list[tuple[int, int]] = []  # (byte of a top-level comma, items before it)
+    offset = carry = in_string = depth = commas = 0  # carry: the parity of a run of backslashes ending a block
+    next_cut, started, closed = target, False, False
+    with open(path, "rb") as handle:
+        while data := handle.read(JSON_SCAN_BYTES):
+            if not started:  # whitespace (after a byte order mark) up to the array's '['
+                head = (data.removeprefix(BOM) if offset == 0 else data).lstrip(JSON_WHITESPACE)[:1]
+                if head not in (b"", b"["):
+                    return None
+                started = head == b"["
+            if closed:
+                if data.strip(JSON_WHITESPACE):
+                    return None
+                offset += len(data)
+                continue
+            block = np.frombuffer(data, np.uint8)
+            where = np.flatnonzero(np.frombuffer(data.translate(marked), np.bool_))
+            kinds = kinds_of[block[where]]
+            slashes = where[kinds == 5]
+            gap = slashes - np.arange(len(slashes))  # the same along a run of backslashes
+            quotes = np.flatnonzero(kinds == 4)
+            after_slash = quotes[(where[quotes] > 0) & (block[where[quotes] - 1] == 92)]
+            if len(after_slash):
+                last = np.searchsorted(slashes, where[after_slash] - 1)
+                first = np.searchsorted(gap, gap[last])  # where each quote's run of backslashes starts
+                run = last - first + 1 + np.where(slashes[first] == 0, carry, 0)
+                kinds[after_slash[run % 2 == 1]] = 0  # escaped: not a quote
+            if carry and len(quotes) and where[quotes[0]] == 0:  # escaped by the run that ended the last block
+                kinds[quotes[0]] = 0
+            if len(slashes) and slashes[-1] == len(data) - 1:
+                first = int(np.searchsorted(gap, gap[-1]))
+                carry = (len(slashes) - first + (carry if slashes[first] == 0 else 0)) % 2
+            else:
+                carry = 0
+            inside = (np.cumsum(kinds == 4) + in_string) % 2
+            in_string = int(inside[-1]) if len(inside) else in_string
+            outside = (kinds != 0) & (kinds < 4) & (inside == 0)  # brackets and commas
+            at, kind = where[outside], kinds[outside]
+            level = depth + np.cumsum((kind == 1).astype(np.int64) - (kind == 2))
+            ends = np.flatnonzero(level <= 0)
+            if len(ends):  # the array closes: at its last bracket, with only whitespace after it
+                end = ends[0]
+                if end != len(level) - 1 or level[end] != 0 or data[at[end] + 1:].strip(JSON_WHITESPACE):
+                    return None
+                closed = True
+            depth = int(level[-1]) if len(level) else depth
+            tops = at[(kind == 3) & (level == 1)] + offset
+            while (k := int(np.searchsorted(tops, next_cut))) < len(tops):
+                cuts.append((int(tops[k]), commas + k + 1))
+                next_cut = int(tops[k]) + target
+            commas += len(tops)
+            offset += len(data)
+    if not closed or not cuts:
+        return None
+    bounds = [0] + [cut for cut, _ in cuts] + [size]
+    return [("json-range", a, b, items, "") for a, b, items in zip(bounds, bounds[1:], [0] + [n for _, n in cuts])]
 
 
 def _parquet_pieces(path: str, target: int) -> list[tuple]:
@@ -650,9 +742,156 @@ def _part_records(part: Part):
         batches = itertools.islice(_ipc_batches(part.data_file or part.path, part.first), part.stop - part.first)
         yield from _read_table_batches(part.path, (p for batch in batches for p in _slices(batch, 1024)),
                                        part.first_record)
+    elif part.kind == "json-range":
+        yield from _json_range_records(part)
     else:
         yield from read_records(Source(part.path, part.kind))
     return 0
+
+
+def _json_range_records(part: Part) -> Iterator[Record]:
+    """The items of a range of a JSON array (``_json_array_pieces``), numbered from the range's start.
+    Where it fails, it says what the whole-file reader says of the file: its first byte that is not
+    UTF-8, or else the JSON error, at its line, column, character and byte in the file."""
+    if part.first == 0:
+        _check_text(part.path)
+    with open(part.path, "rb") as handle:
+        handle.seek(part.first)
+        run = _TextRun(handle, part.stop - part.first, "utf-8-sig" if part.first == 0 else "utf-8")
+        try:
+            for index, (item, escapes) in enumerate(_array_items(run, part.first == 0)):
+                if escapes and _lone_surrogate(item):
+                    yield Record(part.path, index, None, _raw_preview(json.dumps(item)), LONE_SURROGATE)
+                else:
+                    yield Record(part.path, index, None, data=item)
+        except (ValueError, RecursionError) as exc:  # UnicodeDecodeError and json.JSONDecodeError are ValueErrors
+            invalid = _first_invalid_utf8(part.path)
+            if invalid:
+                raise InputError(f"{part.path}: invalid UTF-8 at byte {invalid[0]} (line {invalid[1]})") from exc
+            if isinstance(exc, json.JSONDecodeError):
+                # no hint: the planner cut only an array that starts with '[' and ends at its last bracket
+                where = _json_position(part.path, part.first, run.base + exc.pos)
+                raise _invalid_json(part.path, exc.msg, where) from exc
+            raise InputError(f"{part.path}: cannot decode: {_decode_error(exc)}") from exc
+
+
+class _TextRun:
+    """A byte range of a file as text, decoded as it is needed: ``text`` holds what is read and not yet
+    dropped, ``base`` counts the characters dropped before it."""
+
+    def __init__(self, handle, size: int, encoding: str):
+        self.handle, self.left = handle, size
+        self.decoder = codecs.getincrementaldecoder(encoding)()
+        self.text, self.base = "", 0
+
+    def more(self) -> bool:
+        """Read on, as much as is held (so that a step taken again after each read costs linear time in
+        all); False at the range's end."""
+        block = self.handle.read(min(self.left, max(JSON_READ_BYTES, len(self.text))))
+        if not block:
+            return False
+        self.left -= len(block)
+        self.text += self.decoder.decode(block, final=not self.left)
+        return True
+
+    def drop(self, pos: int) -> int:
+        """Drop the text before ``pos``, if that is most of it (copying less than it drops); pos's new place."""
+        if pos <= len(self.text) // 2:
+            return pos
+        self.text, self.base = self.text[pos:], self.base + pos
+        return 0
+
+
+def _array_items(run: _TextRun, opening: bool) -> Iterator[tuple[Any, bool]]:
+    """The items of a range of a JSON array, and whether each one's text holds a \\u escape: json's own
+    array loop (the same errors at the same places), an item at a time. The range starts at the array's
+    '[' (``opening``) or at the comma before its first item, and ends before the comma after its last
+    item or after the array's ']'. A step that reaches the end of the text held is taken again with
+    more, so it sees what it would in the whole text (a number looks two characters past its end)."""
+    scan = json.JSONDecoder().scan_once
+
+    def skip(pos: int) -> int:  # past whitespace
+        while True:
+            pos = _WHITESPACE(run.text, pos).end()
+            if pos < len(run.text) or not run.more():
+                return pos
+
+    def value(pos: int) -> tuple[Any, int]:
+        while True:
+            try:
+                item, end = scan(run.text, pos)
+            except StopIteration as exc:
+                if not run.more():
+                    raise json.JSONDecodeError("Expecting value", run.text, exc.value) from None
+            except (ValueError, RecursionError):
+                if not run.more():
+                    raise
+            else:
+                if end + 2 < len(run.text) or not run.more():
+                    return item, end
+
+    pos = skip(0)
+    while pos < len(run.text):  # the text held ends only with the range
+        pos = run.drop(pos)
+        char = run.text[pos]
+        if not opening and char == "]":
+            return  # the array's end: the planner found only whitespace after it
+        if not opening and char != ",":
+            raise json.JSONDecodeError("Expecting ',' delimiter", run.text, pos)
+        comma, pos = pos, skip(pos + 1)
+        if not opening and run.text[pos:pos + 1] == "]":
+            raise _trailing_comma(run.text, comma, pos)
+        item, end = value(pos)
+        yield item, run.text.find("\\u", pos, end) >= 0
+        pos, opening = skip(end), False
+
+
+def _trailing_comma(text: str, comma: int, bracket: int) -> json.JSONDecodeError:
+    """json's error for a comma before an array's ']' (Python 3.13 names the comma, older ones the bracket)."""
+    try:
+        json.loads("[0" + text[comma : bracket + 1])
+    except json.JSONDecodeError as exc:
+        return json.JSONDecodeError(exc.msg, text, comma + exc.pos - 2)
+    raise AssertionError("json accepted a trailing comma")
+
+
+def _first_invalid_utf8(path: str) -> tuple[int, int] | None:
+    """Byte (after any byte order mark) and line of the first byte of ``path`` that is not UTF-8; streamed."""
+    with open(path, "rb") as handle:
+        data, byte, line = handle.read(3).removeprefix(BOM), 0, 1
+        while True:
+            block = handle.read(JSON_READ_BYTES)
+            data += block
+            try:
+                used = codecs.utf_8_decode(data, "strict", not block)[1]
+            except UnicodeDecodeError as exc:
+                return byte + exc.start, line + data.count(b"\n", 0, exc.start)
+            if not block:
+                return None
+            byte, line, data = byte + used, line + data.count(b"\n", 0, used), data[used:]
+
+
+def _json_position(path: str, first: int, chars: int) -> tuple[int, int, int, int]:
+    """Line, column, character and byte of the character ``chars`` characters past byte ``first``, as
+    json and ``_read_json`` count them in the whole text (after any byte order mark); streamed."""
+    decoder = codecs.getincrementaldecoder("utf-8-sig")()
+    line, line_start, char, byte = 1, 0, 0, 0
+
+    def count(text: str) -> None:
+        nonlocal line, line_start, char, byte
+        if (newline := text.rfind("\n")) >= 0:
+            line, line_start = line + text.count("\n"), char + newline + 1
+        char, byte = char + len(text), byte + len(text.encode("utf-8"))
+
+    with open(path, "rb") as handle:
+        while first > 0 and (block := handle.read(min(first, JSON_READ_BYTES))):
+            first -= len(block)
+            count(decoder.decode(block))
+        while chars > 0 and (block := handle.read(JSON_READ_BYTES)):
+            text = decoder.decode(block)[:chars]
+            count(text)
+            chars -= len(text)
+    return line, char - line_start + 1, char, byte
 
 
 class _Range(io.RawIOBase):

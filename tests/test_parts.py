@@ -76,16 +76,18 @@ def test_jsonl_parts_end_after_newlines_and_cover_the_file(messy_jsonl, tiny_par
 
 
 def test_inputs_that_cannot_be_cut_are_one_part(tmp_path, tiny_parts):
+    records = [json.loads(line) for line in EXAMPLE_CHATS.read_text().splitlines()]
     compressed = tmp_path / "chats.jsonl.gz"
     compressed.write_bytes(gzip.compress(EXAMPLE_CHATS.read_bytes()))
+    compressed_array = tmp_path / "chats.json.gz"
+    compressed_array.write_bytes(gzip.compress(json.dumps(records).encode()))
     array = tmp_path / "chats.json"
-    array.write_text(json.dumps([json.loads(line) for line in EXAMPLE_CHATS.read_text().splitlines()]))
-    array_named_jsonl = tmp_path / "array.jsonl"  # larger than a part: still read as the array it is
-    array_named_jsonl.write_bytes(array.read_bytes())
-    sources = [Source(str(compressed), "jsonl"), Source(str(array), "json"), Source(str(array_named_jsonl), "jsonl")]
+    array.write_text(json.dumps(records))
+    sources = [Source(str(compressed), "jsonl"), Source(str(compressed_array), "json"), Source(str(array), "json")]
     parts = plan_parts(sources, workers=4)
-    assert [(p.source, p.kind, p.stop) for p in parts] == [(0, "jsonl", None), (1, "json", None), (2, "jsonl", None)]
-    assert [r.data for r in read_part(parts[2])] == json.loads(array.read_text())
+    assert [(p.source, p.kind, p.stop) for p in parts[:2]] == [(0, "jsonl", None), (1, "json", None)]
+    assert len(parts) > 20 and {p.kind for p in parts[2:]} == {"json-range"}  # the plain array is cut
+    assert [r.data for r in read_part(parts[1])] == records
 
 
 def _table_inputs(folder: Path, rows: list[dict]) -> list[Source]:
@@ -157,6 +159,36 @@ def test_output_does_not_depend_on_how_inputs_are_cut(tmp_path, messy_jsonl, mon
     assert len(unreadable) >= 5
     for entry in unreadable:
         assert lines[entry["line"] - 1].rstrip(b"\r").decode("utf-8", "replace")[:40] == entry["record"][:40]
+
+
+def test_output_of_arrays_streams_and_saved_datasets_does_not_depend_on_the_cut(tmp_path, monkeypatch):
+    """A JSON array with records that are rejected (not objects, an unpaired surrogate, no assistant turn),
+    an Arrow stream and a saved dataset: cut small, read by two workers, the same bytes as read whole."""
+    records = [json.loads(line) for line in EXAMPLE_CHATS.read_text().splitlines()]
+    records[10:10] = [1, "text", None, [], {"conversations": [{"from": "human", "value": "lone \ud800"},
+                                                             {"from": "gpt", "value": "x"}]}]
+    records[200:200] = [{"conversations": [{"from": "human", "value": "no reply"}]}] * 3
+    array = tmp_path / "chats.json"
+    array.write_text("\ufeff" + json.dumps(records, indent=1))
+    rows = _sharegpt_rows()
+    rows[40:40] = [{"conversations": []}, {"conversations": [{"from": "human", "value": "no reply"}]}]
+    inputs = [str(array)] + [s.path for s in _table_inputs(tmp_path, rows)[2:4]]
+    settings = {"max_len": 256, "seed": 1, "shard_size": "100KB"}
+    whole = packprep.pack(inputs, tmp_path / "whole", TOKENIZER, num_proc=1, **settings)
+    monkeypatch.setattr(read, "MIN_PART_BYTES", 8_000)
+    monkeypatch.setattr(read, "PART_BYTES", 8_000)
+    parts = plan_parts(packprep.read.resolve_inputs(inputs), 2)
+    assert len(parts) > 40 and {p.kind for p in parts} == {"json-range", "arrow-batches"}
+    cut = packprep.pack(inputs, tmp_path / "cut", TOKENIZER, num_proc=2, **settings)
+    assert cut == whole
+    assert _files(tmp_path / "cut") == _files(tmp_path / "whole")
+    rejects = [json.loads(line) for line in (tmp_path / "cut" / "rejects.jsonl").read_text().splitlines()]
+    in_array = [(r["index"], r["code"]) for r in rejects if r["file"] == str(array)]
+    assert in_array[:5] == [(10, "not_an_object"), (11, "not_an_object"), (12, "not_an_object"),
+                            (13, "not_an_object"), (14, "unreadable")]
+    assert {(200, "no_assistant_turn"), (201, "no_assistant_turn"), (202, "no_assistant_turn")} <= set(in_array)
+    assert {(r["file"], r["index"]) for r in rejects if r["file"] != str(array)} >= {
+        (inputs[1], 40), (inputs[1], 41), (inputs[2], 40), (inputs[2], 41)}
 
 
 def test_on_error_fail_names_the_line_in_the_file_not_in_the_part(tmp_path, tiny_parts):

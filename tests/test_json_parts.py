@@ -1,0 +1,166 @@
+"""A JSON array is cut between its items and each range parsed on its own (read._json_array_pieces,
+read._json_range_records): the records, and every error with its place in the file, are the whole-file
+reader's, wherever the cuts fall and wherever the planner's and the workers' blocks end.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import packprep
+from packprep import read
+from packprep.errors import InputError
+from packprep.read import Source, plan_parts, read_part, read_records
+
+from .conftest import EXAMPLE_CHATS, EXAMPLE_TOKENIZER
+
+BAD = Path(__file__).parent / "bad_inputs"
+
+
+def read_both(path: Path, part_bytes: int, scan_bytes: int = 7, read_bytes: int = 5):
+    """The file read whole, and read range by range with parts of ``part_bytes`` (and the planner's and
+    workers' blocks this small): each as its records' (data, error), or the error message; and the parts."""
+    def outcome(records):
+        try:
+            return [(r.data, r.error) for r in records()]
+        except InputError as exc:
+            return str(exc)
+
+    kind = "jsonl" if path.suffix == ".jsonl" else "json"
+    whole = outcome(lambda: read_records(Source(str(path), kind)))
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in (("MIN_PART_BYTES", part_bytes), ("PART_BYTES", part_bytes),
+                            ("JSON_SCAN_BYTES", scan_bytes), ("JSON_READ_BYTES", read_bytes)):
+            patch.setattr(read, name, value)
+        parts = plan_parts([Source(str(path), kind)], workers=1)
+        cut = outcome(lambda: (r for part in parts for r in read_part(part)))
+    return whole, cut, parts
+
+
+# strings made of what the scan must get right: quotes, runs of backslashes (some longer than the scan's
+# blocks), brackets, commas, non-ASCII
+TRICKY = st.lists(st.sampled_from(['"', "\\", "\\" * 9, "[", "]", "{", "}", ",", ":", " ", "\n", "a", "é", "😀",
+                                   "\u2028"]), max_size=12).map("".join)
+SCALARS = st.none() | st.booleans() | st.integers(-10**30, 10**30) | st.floats(allow_nan=False) | TRICKY
+VALUES = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TRICKY, inner, max_size=4),
+                      max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(items=st.lists(VALUES, min_size=1, max_size=25), ensure_ascii=st.booleans(),
+       indent=st.sampled_from([None, 0, 2]), lone=st.booleans(), bom=st.booleans(),
+       space=st.sampled_from(["", " \n", "\r\n\t "]), part_bytes=st.integers(1, 200),
+       scan_bytes=st.integers(3, 50), read_bytes=st.integers(1, 50))
+def test_ranges_parse_to_what_json_loads_gives(tmp_path_factory, items, ensure_ascii, indent, lone, bom, space,
+                                               part_bytes, scan_bytes, read_bytes):
+    lone = lone and ensure_ascii  # an unpaired surrogate escape: that record is rejected, not the file
+    if lone:
+        items.insert(0, {"text": "\ud800 and \\ud800"})
+    text = space + json.dumps(items, ensure_ascii=ensure_ascii, indent=indent) + space
+    path = tmp_path_factory.mktemp("array") / "items.json"
+    path.write_bytes((b"\xef\xbb\xbf" if bom else b"") + text.encode())
+    whole, cut, parts = read_both(path, part_bytes, scan_bytes, read_bytes)
+    assert cut == whole
+    assert [data for data, error in cut[lone:]] == json.loads(text)[lone:]
+    assert [error for _, error in cut] == [read.LONE_SURROGATE] * lone + [None] * (len(items) - lone)
+    assert {p.kind for p in parts} == ({"json-range"} if len(parts) > 1 else {"json"})
+    counts = [sum(1 for _ in read_part(p)) for p in parts]
+    assert [p.first_record for p in parts] == [sum(counts[:i]) for i in range(len(parts))]
+
+
+GOOD = json.dumps({"conversations": [{"from": "human", "value": 'Say "[1, 2]" \\ {ok},'},
+                                     {"from": "gpt", "value": "[1, 2] \\\\\" {ok},"}]})
+
+
+def array(*items: str, between: str = ", ") -> str:
+    return "[" + between.join(items) + "]"
+
+
+# (name, file text, whether it must be cut): each read in ranges of 40 bytes gives the whole-file reader's
+# records, or its error, naming the same line, column, character and byte
+CASES = [
+    ("items with whitespace and newlines between", "\n\n  " + array(*[GOOD] * 6, between=" ,\n\n\t") + "\n\n", True),
+    ("a byte order mark", "\ufeff" + array(*[GOOD] * 6), True),
+    ("nested arrays, escaped quotes and backslash runs", array(*[json.dumps(
+        [["\\", '"', '\\"', "\\\\", "]", "[{", "},", "\\" * 20 + '"', '"' + "\\" * 17], {"a\\": {'"': [[], {}]}}])
+        for _ in range(8)]), True),
+    ("not JSON in a later item", array(*[GOOD] * 5, '{"conversations": tru}', *[GOOD] * 5), True),
+    ("a missing comma", array(*[GOOD] * 5)[:-1] + " " + GOOD + "]", True),
+    ("a raw newline in a string", array(*[GOOD] * 5, '"a\nb"', *[GOOD] * 5), True),
+    ("a bad escape", array(*[GOOD] * 5, '"a\\qb"', *[GOOD] * 5), True),
+    ("two stray quotes, so the cuts between them fall in strings", array(*[GOOD] * 3, '"x', *[GOOD] * 4, 'y"',
+                                                                          *[GOOD] * 3), True),
+    ("a trailing comma", array(*[GOOD] * 6)[:-1] + ",\n]", True),
+    ("a number of more than 4300 digits", array(*[GOOD] * 5, "1" * 5000, *[GOOD] * 5), True),
+    ("an unpaired surrogate escape", array(*[GOOD] * 5, '{"text": "\\udc00"}', *[GOOD] * 5), True),
+    ("items that are not records", array(*[GOOD] * 5, "1", '"text"', "null", "[[]]", *[GOOD] * 5), True),
+    ("cut off mid-item", array(*[GOOD] * 6)[:-30], False),
+    ("another value after the array", array(*[GOOD] * 6) + " " + array(GOOD, GOOD), False),
+    ("one record object", GOOD * 1, False),
+    ("a string", json.dumps("x" * 200), False),
+    ("whitespace only", " \n" * 100, False),
+    ("an empty array in whitespace", " \n" * 50 + "[]" + " \n" * 50, False),
+    ("JSON Lines named .json", "\n".join([GOOD] * 6), False),
+    ("a NUL byte", array(*[GOOD] * 6).replace(", ", ", \x00", 1), True),
+]
+
+
+@pytest.mark.parametrize("name, text, cut", CASES, ids=[c[0] for c in CASES])
+def test_a_range_reads_or_fails_as_the_whole_file_does(tmp_path, name, text, cut):
+    path = tmp_path / "case.json"
+    path.write_text(text, encoding="utf-8")
+    whole, pieces, parts = read_both(path, 40)
+    assert (len(parts) > 3) == cut and pieces == whole
+
+
+def test_invalid_utf8_anywhere_is_reported_before_an_earlier_json_error(tmp_path):
+    """The whole-file reader checks the encoding first; a range that fails looks for the file's first bad byte."""
+    path = tmp_path / "case.json"
+    data = array(*[GOOD] * 3, "tru", *[GOOD] * 6).encode()
+    error = data.index(b"tru")
+    path.write_bytes(data[:error] + data[error:].replace(b'gpt"', b'g\xffpt"', 1))
+    whole, cut, parts = read_both(path, 40)
+    assert len(parts) > 3 and cut == whole and "invalid UTF-8 at byte" in whole
+
+
+def test_bad_inputs_read_the_same_in_ranges():
+    """Every JSON file of the bad-input corpus: cut where it can be, read the same."""
+    for path in sorted(BAD.glob("*.json")) + [BAD / "bom.jsonl"]:
+        whole, cut, _ = read_both(path, 1, 3, 1)
+        assert cut == whole, path.name
+
+
+def test_a_json_array_named_jsonl_is_cut_between_items(tmp_path):
+    path = tmp_path / "array.jsonl"
+    path.write_text(array(*[GOOD] * 30))
+    whole, cut, parts = read_both(path, 200)
+    assert len(parts) > 5 and {p.kind for p in parts} == {"json-range"} and cut == whole and len(cut) == 30
+
+
+def test_pack_fails_on_the_first_error_in_the_file_whatever_the_workers_finish_first(tmp_path, monkeypatch):
+    """Two stray quotes throw the cuts between them into strings: those ranges fail too, with other errors."""
+    records = [json.loads(line) for line in EXAMPLE_CHATS.read_text().splitlines()[:120]]
+    text = json.dumps(records, indent=1)
+    at, to = text.index("},\n {", len(text) // 4) + 3, text.index("},\n {", len(text) // 2) + 3  # between items
+    path = tmp_path / "chats.json"
+    path.write_text(text[:at] + '"' + text[at:to] + '"' + text[to:])
+    with pytest.raises(InputError) as whole:
+        list(read_records(Source(str(path), "json")))
+    monkeypatch.setattr(read, "MIN_PART_BYTES", 2_000)
+    monkeypatch.setattr(read, "PART_BYTES", 2_000)
+    parts = plan_parts([Source(str(path), "json")], 2)
+    failing = []
+    for part in parts:
+        try:
+            list(read_part(part))
+        except InputError as exc:
+            failing.append(str(exc))
+    assert len(parts) > 10 and failing[0] == str(whole.value) and len(set(failing)) > 1
+    with pytest.raises(InputError) as packed:
+        packprep.pack(str(path), tmp_path / "out", str(EXAMPLE_TOKENIZER), num_proc=2, max_len=512)
+    assert str(packed.value) == str(whole.value) and "line " in str(whole.value)
