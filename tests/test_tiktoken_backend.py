@@ -130,6 +130,24 @@ def test_cuts_equal_hf_at_every_character(tokenizers, name):
     assert cuts.tolist() == expected
 
 
+def test_texts_encoded_in_one_call_come_out_as_if_encoded_alone():
+    """The texts of a batch go to tiktoken joined by a special token; one that runs from a text into
+    that separator ("a<se" in "xa<sep>b") must not change what either text encodes to."""
+    import tiktoken
+
+    encoding = tiktoken.Encoding("bytes", pat_str=tiktoken_backend.GPT2_PATTERN,
+                                 mergeable_ranks={bytes([b]): b for b in range(256)},
+                                 special_tokens={"<sep>": 256, "a<se": 257})
+    backend = TiktokenBackend(encoding, np.array([1] * 256 + [5, 4]), False, [], [], 1)
+    for texts in (["xa", "b", "a<se", "p>"], ["b<sep>c", "", "d", "é<sep>"]):
+        positions = [list(range(len(text) + 1)) for text in texts]
+        alone = [backend.encode_batch([text], False, [wanted])[0] for text, wanted in zip(texts, positions)]
+        joined = backend.encode_batch(texts, False, positions)
+        assert [(ids.tolist(), cuts.tolist()) for ids, cuts in joined] == \
+            [(ids.tolist(), cuts.tolist()) for ids, cuts in alone]
+    assert backend.encode_batch(["xa"])[0][0].tolist() == [ord("x"), ord("a")]
+
+
 def swap_ranks(monkeypatch, a: bytes, b: bytes):
     original = tiktoken_backend._cached_ranks  # the conversion as from_hf gets it, cached or not
 
