@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 from typing import Any, Callable
@@ -171,7 +171,7 @@ def _chat(record: dict, key: str) -> Conversation:
 
 def _sharegpt_turn(turn: dict, number: int) -> dict:
     speaker = _speaker(turn, number, "from")
-    content = _string(turn.get("value"), f"message {number} 'value'")
+    content = _string(turn.get("value"), "message {} 'value'", number)
     if speaker in TOOL_CALL_SPEAKERS:
         return {"role": "assistant", "content": "", "tool_calls": _calls_from_text(content, number)}
     return {"role": ROLES[speaker], "content": content}
@@ -246,10 +246,11 @@ def fit(conversation: Conversation, policy: Policy) -> Conversation:
     messages = conversation.messages
     for transform in (_tool_calls_as_text, _tool_results_as_user, _drop_leading, _merge_consecutive, _fold_system):
         messages = transform(messages, policy, counts)
-    if counts["leading_turns_dropped"] and not any(m["role"] == "assistant" for m in messages):
+    if counts.get("leading_turns_dropped") and not any(m["role"] == "assistant" for m in messages):
         raise Rejected(f"no assistant turn to train on after the first user turn ({counts['leading_turns_dropped']} "
                        "turn(s) before it were dropped: --leading-assistant drop)", "no_assistant_turn")
-    return replace(conversation, messages=messages, changes={k: v for k, v in counts.items() if v})
+    return Conversation(messages=messages, tools=conversation.tools, text=conversation.text,
+                        changes={k: v for k, v in counts.items() if v})
 
 
 def _tool_calls_as_text(messages: list[dict], policy: Policy, counts: Counter) -> list[dict]:
@@ -277,6 +278,8 @@ def _drop_leading(messages: list[dict], policy: Policy, counts: Counter) -> list
     head = 0
     while head < len(messages) and messages[head]["role"] == "system":
         head += 1
+    if head < len(messages) and messages[head]["role"] == "user":  # the common case, without the search
+        return messages
     first_user = next((i for i in range(head, len(messages)) if messages[i]["role"] == "user"), len(messages))
     if first_user == head:
         return messages
@@ -436,12 +439,15 @@ def _content(value: Any, number: int) -> str:
             else:
                 raise Rejected(f"message {number} has a content part that is not text: {str(part)[:60]}", "wrong_type")
         return "".join(texts)
-    return _string(value, f"message {number} 'content'")
+    return _string(value, "message {} 'content'", number)
 
 
-def _string(value: Any, what: str) -> str:
+def _string(value: Any, what: str, *args) -> str:
+    """``value``, a string; else Rejected, naming it ``what`` (``what.format(*args)``: formatted only
+    then, as this runs for every message)."""
     if not isinstance(value, str):
-        raise Rejected(f"{what} is a JSON {_json_type(value)}, expected a string", "wrong_type")
+        raise Rejected(f"{what.format(*args) if args else what} is a JSON {_json_type(value)}, expected a string",
+                       "wrong_type")
     return value
 
 
