@@ -170,13 +170,16 @@ class ChatEncoder:
                 ):
                     ids = np.append(ids, np.int32(self.eos_token_id))
                 labels = ids.copy()
+                trained = len(ids) > 1
             else:
                 labels = np.full(len(ids), IGNORE_INDEX, dtype=np.int32)
+                trained = False  # whether a label after the first is not -100 (ids are never -100)
                 for first, last in zip(cuts[::2], cuts[1::2]):
                     labels[first:last] = ids[first:last]
+                    trained = trained or last > max(first, 1)
             if len(ids) == 0:
                 out.append(Rejected("renders to no tokens", "empty"))
-            elif not (labels[1:] != IGNORE_INDEX).any():
+            elif not trained:
                 out.append(Rejected("no supervised token (every label is -100)", "no_supervised_tokens"))
             else:
                 out.append(Encoded(ids, labels, r.turns_not_located))
@@ -199,11 +202,10 @@ class ChatEncoder:
 
     def _encode(self, rendered: list[Rendered], fast) -> list[tuple[np.ndarray, list[int]]]:
         results: list[Any] = [None] * len(rendered)
-        on_fast = [fast is not None and fast.can_encode(r.text) for r in rendered]
-        for special, use_fast in ((False, True), (False, False), (True, True), (True, False)):
-            group = [i for i, r in enumerate(rendered) if r.add_special_tokens == special and on_fast[i] == use_fast]
-            if not group:
-                continue
+        groups: dict[tuple[bool, bool], list[int]] = {}  # (add special tokens, on the fast path) -> texts
+        for i, r in enumerate(rendered):
+            groups.setdefault((r.add_special_tokens, fast is not None and fast.can_encode(r.text)), []).append(i)
+        for (special, use_fast), group in groups.items():
             texts = [rendered[i].text for i in group]
             if use_fast:
                 bounds = [[c for span in rendered[i].spans for c in span] for i in group]

@@ -151,3 +151,21 @@ def test_a_template_that_rewrites_earlier_turns_trains_only_located_turns():
     assert trained == "<think>ok</think>second<|im_end|>\n"
     only_rewritten = Conversation(messages=conversation.messages[:2] + [{"role": "user", "content": "x"}])
     assert encoder.encode([only_rewritten])[0].turns_not_located == 0  # trailing user turn dropped: last is located
+
+
+def test_a_conversation_trained_only_at_its_first_token_is_rejected():
+    """A sequence's first label is never trained once packed: a reply that is only that token trains nothing."""
+    from .conftest import EXAMPLE_TOKENIZER
+
+    tok = load_tokenizer(str(EXAMPLE_TOKENIZER))
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    encoder = ChatEncoder(tok)
+    one, two = encoder.encode([Conversation(messages=[{"role": "user", "content": ""},
+                                                      {"role": "assistant", "content": reply}])
+                               for reply in ("a", "a b")])
+    assert isinstance(one, Rejected) and one.code == "no_supervised_tokens"
+    assert isinstance(two, Encoded) and (two.labels == two.input_ids).all() and len(two.labels) == 2
+    encoder.eos_token_id = None  # a plain text is then trained as it is, with no EOS added
+    one, two = encoder.encode([Conversation(text="a"), Conversation(text="a b")])
+    assert isinstance(one, Rejected) and one.code == "no_supervised_tokens"
+    assert isinstance(two, Encoded) and two.labels.tolist() == two.input_ids.tolist() == [67, 311]
