@@ -76,7 +76,7 @@ class Encoding:
     def run(self, engine: "Engine", ledger: "Ledger", sink: Callable[[Part], Sink]) -> Iterator["PartResult"]:
         """Encode every part on ``engine``; merge each result into ``ledger`` in input order and yield
         it (``payload``: its sink's result; ``sink(part)`` makes a part's sink, in the worker)."""
-        parts = plan_parts(self.sources, engine.workers)
+        parts = plan_parts(self.sources, engine.workers, engine)
         context = EncodeContext(self.tokenizer_name, self.config, self.fields, self.policy, self.formats, sink,
                                 self.encoder)
         merged = _Merge(self.sources, ledger)

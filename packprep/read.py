@@ -16,7 +16,7 @@ import io
 import itertools
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -515,22 +515,24 @@ class Part:
     data_file: str = ""  # the Arrow file of a saved dataset (at ``path``) that the batches are in
 
 
-def plan_parts(sources: list[Source], workers: int) -> list[Part]:
+def plan_parts(sources: list[Source], workers: int, engine: Any = None) -> list[Part]:
     """Cut the inputs into parts: about sixteen a worker (so that workers finish together), none over
     ``PART_BYTES``. Uncompressed JSONL is cut at newlines, an uncompressed JSON array (even one named
     .jsonl) between items, Parquet at row groups, Arrow IPC files and streams at record batches, a
     saved dataset at the record batches of its files. Compressed JSON and JSONL (read from the start
     only) and a Hub id are one part each, as is an input whose plain case the planner cannot vouch for
-    (its one part's reader reports what is wrong with it)."""
+    (its one part's reader reports what is wrong with it). The JSON arrays, which must be scanned
+    through, are scanned in chunks on ``engine`` (an ``engines.Engine``; None: here), all in one stage."""
     sizes = [os.path.getsize(s.path) if os.path.isfile(s.path) else 0 for s in sources]
     target = min(PART_BYTES, max(MIN_PART_BYTES, sum(sizes) // max(1, workers * 16)))
-    parts: list[Part] = []
+    planned: list[list[tuple] | None] = []
+    arrays: dict[int, tuple[str, int]] = {}  # the JSON arrays to scan, by source number
     for number, (source, size) in enumerate(zip(sources, sizes)):
         pieces = None
         try:
             if source.kind in ("json", "jsonl") and not source.path.endswith(COMPRESSED_SUFFIXES) and size > target:
                 if source.kind == "json" or _first_character(source.path) == "[":
-                    pieces = _json_array_pieces(source.path, size, target)
+                    arrays[number] = (source.path, size)
                 else:
                     pieces = [("jsonl-range", a, b, 0, "") for a, b in _newline_cuts(source.path, size, target)]
             elif source.kind == "parquet":
@@ -541,6 +543,11 @@ def plan_parts(sources: list[Source], workers: int) -> list[Part]:
                 pieces = _saved_dataset_pieces(source.path, target)
         except Exception:  # an unreadable file: its one part's reader reports it, naming the file
             pieces = None
+        planned.append(pieces)
+    for number, pieces in _json_arrays_pieces(arrays, target, workers, engine).items():
+        planned[number] = pieces
+    parts: list[Part] = []
+    for number, (source, pieces) in enumerate(zip(sources, planned)):
         for kind, first, stop, first_record, data_file in pieces or [(source.kind, 0, None, 0, "")]:
             parts.append(Part(len(parts), number, source.path, kind, first, stop, first_record, data_file))
     return parts
@@ -568,88 +575,222 @@ def _newline_cuts(path: str, size: int, target: int) -> list[tuple[int, int]]:
     return list(zip(cuts[:-1], cuts[1:]))
 
 
-JSON_SCAN_BYTES = 4 << 20  # the planner scans a JSON array this much at a time (its memory: ~10x this)
+JSON_SCAN_BYTES = 4 << 20  # a scan task reads a JSON array this much at a time (its memory: ~10x this)
+JSON_CHUNK_BYTES = 16 << 20  # the least of a JSON array one scan task takes: a task costs a few ms to start
 JSON_READ_BYTES = 1 << 20  # a worker reads its range of a JSON array this much at a time
 JSON_WHITESPACE = b" \t\n\r"
 BOM = b"\xef\xbb\xbf"
 _WHITESPACE = json.decoder.WHITESPACE.match
 
 
-def _json_array_pieces(path: str, size: int, target: int) -> list[tuple] | None:
-    """Byte ranges of a JSON array of about ``target`` bytes, each from a top-level comma (the first
-    from the file's start) to the next range's, with the number of items before it; without parsing.
+def _json_arrays_pieces(arrays: dict[int, tuple[str, int]], target: int, workers: int,
+                        engine: Any) -> dict[int, list[tuple] | None]:
+    """The ranges of each JSON array (``_json_cuts``), by source number: every array is cut into
+    chunks, about one a worker in all, and the chunks are scanned in one stage on ``engine``."""
+    total = sum(size for _, size in arrays.values())
+    chunk_bytes = max(JSON_CHUNK_BYTES, -(-total // max(1, workers)))
+    chunks = {}
+    for number, (path, size) in arrays.items():
+        count = -(-size // chunk_bytes)
+        chunks[number] = _json_chunks(path, [size * i // count for i in range(count + 1)], target)
+    items = [chunk for found in chunks.values() for chunk in found]
+    if engine is not None and len(items) > 1:
+        scans = iter(list(engine.map(scan_json_chunk, None, items)))
+    else:
+        scans = (scan_json_chunk(None, chunk) for chunk in items)
+    return {number: _json_cuts(found, [next(scans) for _ in found], arrays[number][1], target)
+            for number, found in chunks.items()}
 
-    A block at a time, numpy finds the quotes not escaped by an odd run of backslashes (a run may go
-    on from the block before); their running parity marks what is inside strings; outside strings,
-    brackets give the depth, and commas at depth 1 separate items. That is exact for valid JSON. After
-    an error the cuts may fall anywhere, but the range holding the first error starts at a true comma,
-    and it reports that error as json does (``_json_range_records``). None, so that the whole-file
-    reader reports it as it always has, where the scan cannot vouch for the file: not whitespace then
-    '[', an array not closed by the file's last bracket, anything but whitespace after it; or where
-    there would be one range anyway.
-    """
+
+@dataclass(frozen=True)
+class JsonChunk:
+    """Bytes ``first`` to ``stop`` of a JSON array that one task scans, and the cut targets among them:
+    the multiples of the part size (of the file size and part size alone, so that the cuts do not depend
+    on how the file is chunked)."""
+
+    path: str
+    first: int
+    stop: int
+    targets: tuple[int, ...]
+
+
+def _json_chunks(path: str, bounds: list[int], target: int) -> list[JsonChunk]:
+    """The chunks between consecutive ``bounds`` (from 0 to the file's size)."""
+    return [JsonChunk(path, a, b, tuple(range(-(-max(a, 1) // target) * target, b, target)))
+            for a, b in zip(bounds, bounds[1:])]
+
+
+@dataclass
+class JsonSide:
+    """A chunk scanned as if it started outside a string (``JsonScan.sides[0]``) or inside one ([1]).
+    Depths count from the chunk's start; "events" are brackets and commas outside strings."""
+
+    depth: int = 0  # at the chunk's end
+    low: int | None = None  # the lowest depth at an event (after a bracket)
+    low_at: int = -1  # the byte of the first event at ``low``
+    comma_depth: int | None = None  # the lowest depth at a comma: the array's own commas are there, if any
+    commas: int = 0  # commas at ``comma_depth``
+    first: int | None = None  # the byte of the first of them
+    # each target's first comma at ``comma_depth`` at or after it, as (byte, commas before it), or None
+    cuts: list = field(default_factory=list)
+
+
+@dataclass
+class JsonScan:
+    """What ``scan_json_chunk`` finds in a chunk, whatever came before it."""
+
+    quotes: int  # parity of its quotes not escaped (as if no backslash ended the chunk before)
+    flip: bool  # its first byte after its leading backslashes is a quote: an odd run before it swaps the sides
+    slashes: int  # the backslashes it ends with
+    head: tuple[int, int] | None  # its first byte that is neither whitespace nor the file's BOM, and that byte
+    tail: int | None  # its last byte that is not whitespace
+    sides: tuple[JsonSide, JsonSide]
+
+
+def scan_json_chunk(context: Any, chunk: JsonChunk) -> JsonScan | None:
+    """Scan a chunk of a JSON array without parsing it (a stage: ``context`` is unused), for both string
+    states it may start in; ``_json_cuts`` picks one. A block at a time, numpy finds the quotes not
+    escaped by an odd run of backslashes (a run may go on from the block before); their running parity
+    marks what is inside strings; outside strings, brackets give the depth. None if the file cannot be
+    read (its one part's reader reports it)."""
     import numpy as np
 
-    kinds_of = np.zeros(256, np.uint8)  # 1 opens, 2 closes, 3 comma, 4 quote, 5 backslash
+    kinds_of = np.zeros(256, np.uint8)  # 1 opens, 2 closes, 3 comma, 4 quote, 5 backslash (6: an escaped quote)
     for character, kind in zip(b'[{]},"\\', (1, 1, 2, 2, 3, 4, 5)):
         kinds_of[character] = kind
     marked = (kinds_of != 0).tobytes()
-    cuts: list[tuple[int, int]] = []  # (byte of a top-level comma, items before it)
-    offset = carry = in_string = depth = commas = 0  # carry: the parity of a run of backslashes ending a block
-    next_cut, started, closed = target, False, False
-    with open(path, "rb") as handle:
-        while data := handle.read(JSON_SCAN_BYTES):
-            if not started:  # whitespace (after a byte order mark) up to the array's '['
-                head = (data.removeprefix(BOM) if offset == 0 else data).lstrip(JSON_WHITESPACE)[:1]
-                if head not in (b"", b"["):
-                    return None
-                started = head == b"["
-            if closed:
-                if data.strip(JSON_WHITESPACE):
-                    return None
+    sides = (JsonSide(cuts=[None] * len(chunk.targets)), JsonSide(cuts=[None] * len(chunk.targets)))
+    targets = np.asarray(chunk.targets, np.int64)
+    quotes = run = 0  # run: the backslashes the bytes so far end with
+    flip, leading, head, tail = False, True, None, None  # leading: all bytes so far are backslashes
+    try:
+        with open(chunk.path, "rb") as handle:
+            bom = len(BOM) if chunk.first < len(BOM) and handle.read(len(BOM)) == BOM else 0
+            offset = chunk.first
+            handle.seek(offset)
+            while offset < chunk.stop and (data := handle.read(min(JSON_SCAN_BYTES, chunk.stop - offset))):
+                if head is None and (rest := data[max(0, bom - offset):].lstrip(JSON_WHITESPACE)):
+                    head = (offset + len(data) - len(rest), rest[0])
+                if stripped := len(data.rstrip(JSON_WHITESPACE)):
+                    tail = offset + stripped - 1
+                block = np.frombuffer(data, np.uint8)
+                where = np.flatnonzero(np.frombuffer(data.translate(marked), np.bool_))
+                kinds = kinds_of[block[where]]
+                slashes = where[kinds == 5]
+                gap = slashes - np.arange(len(slashes))  # the same along a run of backslashes
+                carry = run % 2
+                if leading:  # the bytes before this block are all backslashes
+                    lead = int(np.searchsorted(gap, 1))  # this block's leading backslashes
+                    leading = lead == len(data)
+                    flip = not leading and data[lead] == 34
+                quoted = np.flatnonzero(kinds == 4)
+                after_slash = quoted[(where[quoted] > 0) & (block[where[quoted] - 1] == 92)]
+                if len(after_slash):
+                    last = np.searchsorted(slashes, where[after_slash] - 1)
+                    first = np.searchsorted(gap, gap[last])  # where each quote's run of backslashes starts
+                    length = last - first + 1 + np.where(slashes[first] == 0, carry, 0)
+                    kinds[after_slash[length % 2 == 1]] = 6
+                if carry and len(quoted) and where[quoted[0]] == 0:  # escaped by the run that ended the last block
+                    kinds[quoted[0]] = 6
+                if len(slashes) and slashes[-1] == len(data) - 1:
+                    first = int(np.searchsorted(gap, gap[-1]))
+                    run = len(slashes) - first + (run if slashes[first] == 0 else 0)
+                else:
+                    run = 0
+                inside = (np.cumsum(kinds == 4) + quotes) & 1
+                quotes = int(inside[-1]) if len(inside) else quotes
+                events = np.flatnonzero(kinds < 4)  # brackets and commas
+                at, kind, state = where[events] + offset, kinds[events], inside[events]
+                for side, mine in zip(sides, (state == 0, state == 1)):
+                    _scan_side(side, at[mine], kind[mine], targets)
                 offset += len(data)
-                continue
-            block = np.frombuffer(data, np.uint8)
-            where = np.flatnonzero(np.frombuffer(data.translate(marked), np.bool_))
-            kinds = kinds_of[block[where]]
-            slashes = where[kinds == 5]
-            gap = slashes - np.arange(len(slashes))  # the same along a run of backslashes
-            quotes = np.flatnonzero(kinds == 4)
-            after_slash = quotes[(where[quotes] > 0) & (block[where[quotes] - 1] == 92)]
-            if len(after_slash):
-                last = np.searchsorted(slashes, where[after_slash] - 1)
-                first = np.searchsorted(gap, gap[last])  # where each quote's run of backslashes starts
-                run = last - first + 1 + np.where(slashes[first] == 0, carry, 0)
-                kinds[after_slash[run % 2 == 1]] = 0  # escaped: not a quote
-            if carry and len(quotes) and where[quotes[0]] == 0:  # escaped by the run that ended the last block
-                kinds[quotes[0]] = 0
-            if len(slashes) and slashes[-1] == len(data) - 1:
-                first = int(np.searchsorted(gap, gap[-1]))
-                carry = (len(slashes) - first + (carry if slashes[first] == 0 else 0)) % 2
-            else:
-                carry = 0
-            inside = (np.cumsum(kinds == 4) + in_string) % 2
-            in_string = int(inside[-1]) if len(inside) else in_string
-            outside = (kinds != 0) & (kinds < 4) & (inside == 0)  # brackets and commas
-            at, kind = where[outside], kinds[outside]
-            level = depth + np.cumsum((kind == 1).astype(np.int64) - (kind == 2))
-            ends = np.flatnonzero(level <= 0)
-            if len(ends):  # the array closes: at its last bracket, with only whitespace after it
-                end = ends[0]
-                if end != len(level) - 1 or level[end] != 0 or data[at[end] + 1:].strip(JSON_WHITESPACE):
-                    return None
-                closed = True
-            depth = int(level[-1]) if len(level) else depth
-            tops = at[(kind == 3) & (level == 1)] + offset
-            while (k := int(np.searchsorted(tops, next_cut))) < len(tops):
-                cuts.append((int(tops[k]), commas + k + 1))
-                next_cut = int(tops[k]) + target
-            commas += len(tops)
-            offset += len(data)
+    except OSError:
+        return None
+    return JsonScan(quotes, flip, run, head, tail, sides)
+
+
+def _scan_side(side: JsonSide, at, kind, targets) -> None:
+    """Add a block's events (their bytes, ``at``, and kinds) to one side of a chunk's scan."""
+    import numpy as np
+
+    if not len(at):
+        return
+    level = side.depth + np.cumsum((kind == 1).astype(np.int64) - (kind == 2))
+    low = int(np.argmin(level))
+    if side.low is None or level[low] < side.low:
+        side.low, side.low_at = int(level[low]), int(at[low])
+    side.depth = int(level[-1])
+    commas = kind == 3
+    if not commas.any():
+        return
+    at, level = at[commas], level[commas]
+    lowest = int(level.min())
+    if side.comma_depth is None or lowest < side.comma_depth:  # the commas seen so far are nested deeper
+        side.comma_depth, side.commas, side.first, side.cuts = lowest, 0, None, [None] * len(targets)
+    if lowest > side.comma_depth:
+        return
+    at = at[level == lowest]
+    if side.first is None:
+        side.first = int(at[0])
+    found = np.searchsorted(at, targets)
+    for i, k in enumerate(found.tolist()):
+        if side.cuts[i] is None and k < len(at):
+            side.cuts[i] = (int(at[k]), side.commas + k)
+    side.commas += len(at)
+
+
+def _json_cuts(chunks: list[JsonChunk], scans: list[JsonScan | None], size: int, target: int) -> list[tuple] | None:
+    """Byte ranges of a JSON array, each from a top-level comma (the first from the file's start) to the
+    next range's, with the number of items before it: for each multiple of ``target``, the first comma
+    between items at or after it. From the chunks' scans, in order: each chunk's string state, escape
+    and depth at its start follow from the chunks before it; its commas at depth 1 are the array's own.
+
+    That is exact for valid JSON. After an error the cuts may fall anywhere, but the range holding the
+    first error starts at a true comma, and it reports that error as json does (``_json_range_records``).
+    None, so that the whole-file reader reports it as it always has, where the scan cannot vouch for the
+    file: not whitespace then '[', an array not closed by the file's last bracket, anything but
+    whitespace after it; or where there would be one range anyway.
+    """
+    if any(scan is None for scan in scans):
+        return None
+    heads = [scan.head for scan in scans if scan.head is not None]
+    if not heads or heads[0][1] != ord("["):
+        return None
+    end = max(scan.tail for scan in scans if scan.tail is not None)  # the array must close here
+    depth = string = carry = items = 0  # items: commas between items so far
+    cuts: list[tuple[int, int]] = []  # (byte of a top-level comma, items before it)
+    waiting = closed = False  # waiting: a target before this chunk has no cut yet
+
+    def cut(at: int, before: int) -> None:
+        if not cuts or cuts[-1][0] != at:
+            cuts.append((at, before + 1))
+
+    for chunk, scan in zip(chunks, scans):
+        state = string ^ (carry & scan.flip)  # an odd backslash run before a leading quote escapes it
+        side = scan.sides[state]
+        if side.low is not None and depth + side.low <= 0:  # the array closes in this chunk
+            if depth + side.low < 0 or side.low_at != end:
+                return None
+            closed = True
+        if side.comma_depth == 1 - depth:
+            if waiting:
+                cut(side.first, items)
+            for found in side.cuts:
+                if found is not None:
+                    cut(found[0], items + found[1])
+            waiting = side.cuts[-1:] == [None]
+            items += side.commas
+        else:
+            waiting = waiting or bool(chunk.targets)
+        if closed:
+            break
+        depth += side.depth
+        string = state ^ scan.quotes
+        carry = (carry + scan.slashes) % 2 if scan.slashes == chunk.stop - chunk.first else scan.slashes % 2
     if not closed or not cuts:
         return None
-    bounds = [0] + [cut for cut, _ in cuts] + [size]
-    return [("json-range", a, b, items, "") for a, b, items in zip(bounds, bounds[1:], [0] + [n for _, n in cuts])]
+    bounds = [0] + [at for at, _ in cuts] + [size]
+    return [("json-range", a, b, n, "") for a, b, n in zip(bounds, bounds[1:], [0] + [n for _, n in cuts])]
 
 
 def _parquet_pieces(path: str, target: int) -> list[tuple]:
@@ -750,7 +891,7 @@ def _part_records(part: Part):
 
 
 def _json_range_records(part: Part) -> Iterator[Record]:
-    """The items of a range of a JSON array (``_json_array_pieces``), numbered from the range's start.
+    """The items of a range of a JSON array (``_json_cuts``), numbered from the range's start.
     Where it fails, it says what the whole-file reader says of the file: its first byte that is not
     UTF-8, or else the JSON error, at its line, column, character and byte in the file."""
     if part.first == 0:

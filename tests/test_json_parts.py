@@ -1,11 +1,14 @@
-"""A JSON array is cut between its items and each range parsed on its own (read._json_array_pieces,
+"""A JSON array is cut between its items and each range parsed on its own (read._json_cuts,
 read._json_range_records): the records, and every error with its place in the file, are the whole-file
-reader's, wherever the cuts fall and wherever the planner's and the workers' blocks end.
+reader's, wherever the cuts fall and wherever the planner's and the workers' blocks end. The planner scans
+the array in chunks, in parallel (read.scan_json_chunk): the cuts are the commas between items that json
+finds, whatever the chunks and blocks.
 """
 
 from __future__ import annotations
 
 import json
+from bisect import bisect_left
 from pathlib import Path
 
 import pytest
@@ -14,6 +17,7 @@ from hypothesis import strategies as st
 
 import packprep
 from packprep import read
+from packprep.engines import LocalEngine
 from packprep.errors import InputError
 from packprep.read import Source, plan_parts, read_part, read_records
 
@@ -22,9 +26,10 @@ from .conftest import EXAMPLE_CHATS, EXAMPLE_TOKENIZER
 BAD = Path(__file__).parent / "bad_inputs"
 
 
-def read_both(path: Path, part_bytes: int, scan_bytes: int = 7, read_bytes: int = 5):
-    """The file read whole, and read range by range with parts of ``part_bytes`` (and the planner's and
-    workers' blocks this small): each as its records' (data, error), or the error message; and the parts."""
+def read_both(path: Path, part_bytes: int, scan_bytes: int = 7, read_bytes: int = 5, chunks: int = 1):
+    """The file read whole, and read range by range with parts of ``part_bytes`` (the planner scanning it
+    in ``chunks`` chunks, and the planner's and workers' blocks this small): each as its records' (data,
+    error), or the error message; and the parts."""
     def outcome(records):
         try:
             return [(r.data, r.error) for r in records()]
@@ -35,9 +40,10 @@ def read_both(path: Path, part_bytes: int, scan_bytes: int = 7, read_bytes: int 
     whole = outcome(lambda: read_records(Source(str(path), kind)))
     with pytest.MonkeyPatch.context() as patch:
         for name, value in (("MIN_PART_BYTES", part_bytes), ("PART_BYTES", part_bytes),
-                            ("JSON_SCAN_BYTES", scan_bytes), ("JSON_READ_BYTES", read_bytes)):
+                            ("JSON_SCAN_BYTES", scan_bytes), ("JSON_READ_BYTES", read_bytes),
+                            ("JSON_CHUNK_BYTES", 1)):
             patch.setattr(read, name, value)
-        parts = plan_parts([Source(str(path), kind)], workers=1)
+        parts = plan_parts([Source(str(path), kind)], workers=chunks)  # the part size stays part_bytes
         cut = outcome(lambda: (r for part in parts for r in read_part(part)))
     return whole, cut, parts
 
@@ -55,16 +61,16 @@ VALUES = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4) | st.di
 @given(items=st.lists(VALUES, min_size=1, max_size=25), ensure_ascii=st.booleans(),
        indent=st.sampled_from([None, 0, 2]), lone=st.booleans(), bom=st.booleans(),
        space=st.sampled_from(["", " \n", "\r\n\t "]), part_bytes=st.integers(1, 200),
-       scan_bytes=st.integers(3, 50), read_bytes=st.integers(1, 50))
+       scan_bytes=st.integers(1, 50), read_bytes=st.integers(1, 50), chunks=st.integers(1, 6))
 def test_ranges_parse_to_what_json_loads_gives(tmp_path_factory, items, ensure_ascii, indent, lone, bom, space,
-                                               part_bytes, scan_bytes, read_bytes):
+                                               part_bytes, scan_bytes, read_bytes, chunks):
     lone = lone and ensure_ascii  # an unpaired surrogate escape: that record is rejected, not the file
     if lone:
         items.insert(0, {"text": "\ud800 and \\ud800"})
     text = space + json.dumps(items, ensure_ascii=ensure_ascii, indent=indent) + space
     path = tmp_path_factory.mktemp("array") / "items.json"
     path.write_bytes((b"\xef\xbb\xbf" if bom else b"") + text.encode())
-    whole, cut, parts = read_both(path, part_bytes, scan_bytes, read_bytes)
+    whole, cut, parts = read_both(path, part_bytes, scan_bytes, read_bytes, chunks)
     assert cut == whole
     assert [data for data, error in cut[lone:]] == json.loads(text)[lone:]
     assert [error for _, error in cut] == [read.LONE_SURROGATE] * lone + [None] * (len(items) - lone)
@@ -110,11 +116,12 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("chunks", [1, 5])
 @pytest.mark.parametrize("name, text, cut", CASES, ids=[c[0] for c in CASES])
-def test_a_range_reads_or_fails_as_the_whole_file_does(tmp_path, name, text, cut):
+def test_a_range_reads_or_fails_as_the_whole_file_does(tmp_path, name, text, cut, chunks):
     path = tmp_path / "case.json"
     path.write_text(text, encoding="utf-8")
-    whole, pieces, parts = read_both(path, 40)
+    whole, pieces, parts = read_both(path, 40, chunks=chunks)
     assert (len(parts) > 3) == cut and pieces == whole
 
 
@@ -164,3 +171,92 @@ def test_pack_fails_on_the_first_error_in_the_file_whatever_the_workers_finish_f
     with pytest.raises(InputError) as packed:
         packprep.pack(str(path), tmp_path / "out", str(EXAMPLE_TOKENIZER), num_proc=2, max_len=512)
     assert str(packed.value) == str(whole.value) and "line " in str(whole.value)
+
+
+def item_commas(data: bytes) -> list[int]:
+    """The bytes of the commas between the items of a JSON array, as json's own scanner finds them."""
+    bom = len(read.BOM) if data.startswith(read.BOM) else 0
+    text = data[bom:].decode()
+    scan, skip = json.JSONDecoder().scan_once, read._WHITESPACE
+    commas, pos = [], skip(text, skip(text, 0).end() + 1).end()
+    while text[pos] != "]":
+        pos = skip(text, scan(text, pos)[1]).end()
+        if text[pos] == ",":
+            commas.append(bom + len(text[:pos].encode()))
+            pos = skip(text, pos + 1).end()
+    return commas
+
+
+def expected_pieces(data: bytes, target: int) -> list[tuple] | None:
+    """For each multiple of ``target``, the first comma between items at or after it: the ranges between."""
+    commas, cuts = item_commas(data), []
+    for at in range(target, len(data), target):
+        k = bisect_left(commas, at)
+        if k < len(commas) and cuts[-1:] != [k]:
+            cuts.append(k)
+    if not cuts:
+        return None  # one range: the whole-file reader reads it
+    bounds = [0] + [commas[k] for k in cuts] + [len(data)]
+    return [("json-range", a, b, n, "") for a, b, n in zip(bounds, bounds[1:], [0] + [k + 1 for k in cuts])]
+
+
+def scanned(path: Path, bounds: list[int], target: int) -> list[tuple] | None:
+    """The planner's ranges of the array at ``path``, its chunks between ``bounds`` scanned one by one."""
+    chunks = read._json_chunks(str(path), bounds, target)
+    return read._json_cuts(chunks, [read.scan_json_chunk(None, c) for c in chunks], bounds[-1], target)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(items=st.lists(VALUES, max_size=25), ensure_ascii=st.booleans(), indent=st.sampled_from([None, 0, 2]),
+       bom=st.booleans(), space=st.sampled_from(["", " \n", "\r\n\t "]), target=st.integers(1, 200),
+       scan_bytes=st.integers(1, 50), data=st.data())
+def test_chunks_scanned_apart_cut_at_the_commas_json_finds(tmp_path_factory, items, ensure_ascii, indent, bom, space,
+                                                           target, scan_bytes, data):
+    """Chunks and blocks ending anywhere (in strings, in backslash runs, in nested values, or holding
+    no comma at all) give the cuts between the items json finds, for each multiple of the part size."""
+    raw = (read.BOM if bom else b"") + (space + json.dumps(items, ensure_ascii=ensure_ascii, indent=indent)
+                                        + space).encode()
+    path = tmp_path_factory.mktemp("array") / "items.json"
+    path.write_bytes(raw)
+    inner = data.draw(st.lists(st.integers(0, len(raw)), max_size=8), label="chunk bounds")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(read, "JSON_SCAN_BYTES", scan_bytes)
+        assert scanned(path, sorted({0, len(raw), *inner}), target) == expected_pieces(raw, target)
+
+
+def test_a_chunk_may_start_at_any_byte(tmp_path):
+    """Every byte of an array of nasty strings as a chunk's start, alone and followed by chunks of 1, 2 and
+    5 bytes: a run of backslashes split over several chunks, a quote escaped from the chunk before."""
+    nasty = [{"a\\": ['"', '\\"', "\\" * 9 + '"', {"b": [[], {"c,": "]},"}]}], "d": "x" * 30 + ",]}"},
+             "\\" * 7, '"' * 3, [[1, 2.5e3], {"e": "f,g"}], "é😀\u2028", None, True]
+    raw = json.dumps(nasty * 3, ensure_ascii=False).encode()
+    path = tmp_path / "nasty.json"
+    path.write_bytes(raw)
+    expected = expected_pieces(raw, 25)
+    assert len(expected) > 10
+    for at in range(len(raw) + 1):
+        assert scanned(path, sorted({0, at, len(raw)}), 25) == expected, at
+        assert scanned(path, sorted({0, len(raw)} | {min(at + i, len(raw)) for i in (0, 1, 3, 8)}), 25) == expected, at
+
+
+def test_the_cuts_are_the_same_for_any_chunks_and_engine_and_so_are_the_shards(tmp_path, monkeypatch):
+    """Two arrays and a JSONL file between them, their scan's chunks run on 3 forked workers: the same
+    parts as one chunk an array scanned here, and a pack on 3 workers writes one worker's bytes."""
+    lines = EXAMPLE_CHATS.read_text().splitlines()
+    inputs = [tmp_path / "a.json", EXAMPLE_CHATS, tmp_path / "b.json"]
+    inputs[0].write_text(json.dumps([json.loads(line) for line in lines[:150]], indent=1))
+    inputs[2].write_text(json.dumps([json.loads(line) for line in lines[150:]]))
+    sources = read.resolve_inputs([str(p) for p in inputs])
+    monkeypatch.setattr(read, "MIN_PART_BYTES", 20_000)
+    monkeypatch.setattr(read, "PART_BYTES", 20_000)
+    one_chunk = plan_parts(sources, 3)
+    monkeypatch.setattr(read, "JSON_CHUNK_BYTES", 1)  # about a chunk a worker in all
+    assert plan_parts(sources, 3, LocalEngine(3)) == plan_parts(sources, 3) == one_chunk
+    assert [p.kind for p in one_chunk].count("json-range") > 10
+    settings = {"max_len": 512, "seed": 3, "shard_size": "100KB"}
+    packed = {n: packprep.pack([str(p) for p in inputs], tmp_path / f"out{n}", str(EXAMPLE_TOKENIZER), num_proc=n,
+                               **settings) for n in (1, 3)}
+    assert packed[1] == packed[3] and len(packed[1]["shards"]) > 1
+    files = lambda folder: {str(p.relative_to(folder)): p.read_bytes()  # noqa: E731
+                            for p in sorted(folder.rglob("*")) if p.is_file()}
+    assert files(tmp_path / "out1") == files(tmp_path / "out3")

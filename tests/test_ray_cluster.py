@@ -165,3 +165,23 @@ def test_pack_on_four_nodes_writes_the_local_engines_bytes(engine, tmp_path, mon
     files = lambda folder: {str(p.relative_to(folder)): p.read_bytes()  # noqa: E731
                             for p in sorted(folder.rglob("*")) if p.is_file()}
     assert files(tmp_path / "ray") == files(tmp_path / "local")
+
+
+def test_a_json_arrays_scan_runs_on_the_cluster_and_cuts_where_one_chunk_does(engine, tmp_path, monkeypatch):
+    """The planner's chunks of a JSON array are scanned by tasks on the nodes (read.scan_json_chunk): the
+    same parts as the whole array scanned as one chunk here."""
+    import json
+
+    from packprep import read
+
+    from .conftest import EXAMPLE_CHATS
+
+    path = tmp_path / "chats.json"
+    path.write_text(json.dumps([json.loads(line) for line in EXAMPLE_CHATS.read_text().splitlines()], indent=1))
+    sources = read.resolve_inputs([str(path)])
+    monkeypatch.setattr(read, "MIN_PART_BYTES", 20_000)
+    monkeypatch.setattr(read, "PART_BYTES", 20_000)
+    one_chunk = read.plan_parts(sources, NODES)
+    monkeypatch.setattr(read, "JSON_CHUNK_BYTES", 1)  # a chunk a node
+    assert read.plan_parts(sources, NODES, engine) == one_chunk
+    assert len(one_chunk) > 10 and {p.kind for p in one_chunk} == {"json-range"}
