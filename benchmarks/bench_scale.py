@@ -3,6 +3,7 @@
     python benchmarks/bench_scale.py                      # 1,000,000 conversations, example tokenizer
     python benchmarks/bench_scale.py --n 100000 --n 300000 --num-proc 1 --num-proc 2
     python benchmarks/bench_scale.py --n 100000 --tokenizer ../shared/fixtures/tokenizers/llama3
+    python benchmarks/bench_scale.py --n 1000000 --input jsonl --input json   # JSONL vs one JSON array
 
 For each size it writes N synthetic ShareGPT conversations (multi-turn, lognormal turn lengths,
 Zipf-distributed words; generated with numpy in seconds) to a temporary folder, then runs
@@ -128,6 +129,15 @@ def generate(path: Path, n: int, seed: int = 0) -> dict:
             "bytes": path.stat().st_size}
 
 
+def as_json_array(jsonl: Path, path: Path) -> None:
+    """The conversations of ``jsonl`` as one JSON array (a ShareGPT dump), an item a line."""
+    with open(jsonl, encoding="utf-8") as lines, open(path, "w", encoding="utf-8") as out:
+        out.write("[")
+        for i, line in enumerate(lines):
+            out.write(("," if i else "") + "\n" + line.rstrip("\n"))
+        out.write("\n]\n")
+
+
 # ---------------------------------------------------------------------------- timed run
 
 
@@ -237,6 +247,17 @@ def timed_main(argv: list[str]) -> None:
             sampler.stage = "other"
 
     encode_module.Encoding.run, materialize_module.TokenStore.from_spills = run, staticmethod(from_spills)
+    plan_s: list[float] = []  # cutting the inputs into parts (a JSON array's scan), inside read+tokenize
+    original_plan = encode_module.plan_parts
+
+    def plan_parts(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return original_plan(*args, **kwargs)
+        finally:
+            plan_s.append(time.perf_counter() - start)
+
+    encode_module.plan_parts = plan_parts
     timer(pipeline, "_pack", "pack")
     timer(pipeline, "_segments", "pack")
     timer(pipeline, "write_shards", "write")
@@ -269,6 +290,7 @@ def timed_main(argv: list[str]) -> None:
         driver_peak_kib = _driver_peak_kib()
         print("BENCH_STAGES " + json.dumps({"stages": stages, "tree_peak_kib": sampler.peak_kib, "tree_peak_by_stage_kib": sampler.by_stage, "peak_after_mib": peak_after,
                                             "startup_s": first_read[0] if first_read else None,
+                                            "plan_s": sum(plan_s),
                                             "driver_peak_kib": driver_peak_kib}), flush=True)
 
 
@@ -304,6 +326,7 @@ def run_pack(data: Path, tokenizer: str, num_proc: int, max_len: int, workdir: P
         "tokens_per_s": tokens / seconds,
         "tokenize_tokens_per_s": tokens / result["stages"]["read+tokenize"],
         "startup_s": result.get("startup_s"),
+        "plan_s": result.get("plan_s"),
         "max_rss_mib": result["driver_peak_kib"] / 1024,
         "tree_peak_mib": result["tree_peak_kib"] / 1024,
         "tree_peak_by_stage_mib": {k: v / 1024 for k, v in result.get("tree_peak_by_stage_kib", {}).items()},
@@ -333,6 +356,8 @@ def main() -> None:
     parser.add_argument("--tokenizer", default=str(EXAMPLE_TOKENIZER))
     parser.add_argument("--max-len", type=int, default=4096)
     parser.add_argument("--engine", action="append", choices=["local", "ray"], help="repeatable [local]")
+    parser.add_argument("--input", action="append", choices=["jsonl", "json"],
+                        help="the conversations as JSONL or as one JSON array (repeatable) [jsonl]")
     parser.add_argument("--ray-nodes", type=int, default=4,
                         help="with --engine ray: a local Ray cluster of this many nodes, splitting --num-proc CPUs [4]")
     parser.add_argument("--compare", action="store_true",
@@ -344,6 +369,7 @@ def main() -> None:
     sizes = args.n or [1_000_000]
     procs = args.num_proc or [1, 2]
     engines = args.engine or ["local"]
+    formats = args.input or ["jsonl"]
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="packprep-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
     results = []
@@ -363,25 +389,27 @@ def main() -> None:
                 print(f"# generated {n:,} conversations ({summary['bytes'] / 1e6:,.0f} MB, "
                       f"{summary['mean_words_per_turn']:.0f} words a turn) in {time.perf_counter() - start:.1f} s",
                       file=sys.stderr, flush=True)
+            if "json" in formats and not data.with_suffix(".json").exists():
+                as_json_array(data, data.with_suffix(".json"))
             shards = set()
-            for engine in engines:
-                for num_proc in procs:
-                    cluster = _ray_cluster(args.ray_nodes, num_proc) if engine == "ray" else None
-                    try:
-                        result = run_pack(data, args.tokenizer, num_proc, args.max_len, workdir, engine,
-                                          cluster.address if cluster else None)
-                    finally:
-                        if cluster is not None:
-                            cluster.shutdown()
-                    result.update(n=n, input_mb=data.stat().st_size / 1e6, tokenizer=Path(args.tokenizer).name,
-                                  nodes=args.ray_nodes if cluster else 1)
-                    results.append(result)
-                    shards.add(result.pop("shards_sha256"))
-                    print(json.dumps(result), file=sys.stderr, flush=True)
+            for engine, num_proc, form in [(e, p, f) for e in engines for p in procs for f in formats]:
+                cluster = _ray_cluster(args.ray_nodes, num_proc) if engine == "ray" else None
+                try:
+                    result = run_pack(data.with_suffix("." + form), args.tokenizer, num_proc, args.max_len,
+                                      workdir, engine, cluster.address if cluster else None)
+                finally:
+                    if cluster is not None:
+                        cluster.shutdown()
+                result.update(n=n, input=form, input_mb=data.with_suffix("." + form).stat().st_size / 1e6,
+                              tokenizer=Path(args.tokenizer).name, nodes=args.ray_nodes if cluster else 1)
+                results.append(result)
+                shards.add(result.pop("shards_sha256"))
+                print(json.dumps(result), file=sys.stderr, flush=True)
             if args.compare and len(shards) != 1:
                 raise SystemExit(f"runs of {n:,} conversations wrote different shards")
             if not args.keep_data:
-                data.unlink()
+                for form in formats + ["jsonl"]:
+                    data.with_suffix("." + form).unlink(missing_ok=True)
     finally:
         if not args.workdir:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -407,7 +435,7 @@ def table(results: list[dict]) -> str:
 
         startup = f"{r['startup_s']:.2f} s" if r.get("startup_s") is not None else "-"
         lines.append(
-            f"| {r['n']:,} | {r['input_mb']:,.0f} MB | {r['tokenizer']} | {r['engine']}"
+            f"| {r['n']:,} | {r['input_mb']:,.0f} MB {r.get('input', 'jsonl')} | {r['tokenizer']} | {r['engine']}"
             f"{' (%d nodes)' % r['nodes'] if r.get('nodes', 1) > 1 else ''} | {r['num_proc']} | {startup} | "
             f"{stage('read+tokenize')} | {stage('pack')} | {stage('write')} | {stage('verify')} | {stage('other')} | "
             f"{wall:.1f} s | {r['tokens'] / 1e6:,.1f} M | {r['tokens_per_s'] / 1e6:,.2f} M | "
