@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol
 
 from .errors import ConfigError, InputError
 from .normalize import Conversation, FieldNames, Policy, Rejected, detect_format, fit_to_template, normalize
-from .read import Part, Record, Source, plan_parts, read_part, read_records
+from .read import Part, Record, Source, first_records, plan_parts, read_part
 from .tokenize import ChatEncoder, Encoded, load_tokenizer
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -304,7 +304,7 @@ def _source_format(source: Source, fmt: str | None, fields: FieldNames) -> str:
     """The format of one input: forced by --format, else detected from its first decodable record."""
     if fmt:
         return fmt
-    for record in islice(read_records(source), 100):
+    for record in first_records(source, 100):
         if record.data is not None:
             fmt = detect_format(record.data, fields)
             if fmt:

@@ -177,6 +177,20 @@ def read_records(source: Source) -> Iterator[Record]:
     source.records = count
 
 
+def first_records(source: Source, count: int) -> list[Record]:
+    """The first ``count`` records of ``source`` without reading the rest (format detection): a
+    large JSON array is read an item at a time rather than loaded whole (13 s and 4 GiB for 1.5 GB).
+    Where that reader stops on an error, the whole-file reader's own message is what the user sees."""
+    if (source.kind in ("json", "jsonl") and not source.path.endswith(COMPRESSED_SUFFIXES)
+            and _first_character(source.path) == "["):
+        part = Part(0, 0, source.path, "json-range", 0, os.path.getsize(source.path))
+        try:
+            return list(itertools.islice(_json_range_records(part), count))
+        except InputError:
+            pass
+    return list(itertools.islice(read_records(source), count))
+
+
 def _open_binary(path: str) -> io.RawIOBase:
     """The decompressed bytes of a plain, gzip or zstd file."""
     if path.endswith(".gz"):
