@@ -4,9 +4,11 @@
     python benchmarks/bench_scale.py --n 100000 --n 300000 --num-proc 1 --num-proc 2
     python benchmarks/bench_scale.py --n 100000 --tokenizer ../shared/fixtures/tokenizers/llama3
     python benchmarks/bench_scale.py --n 1000000 --input jsonl --input json   # JSONL vs one JSON array
+    python benchmarks/bench_scale.py --n 10000000 --num-proc 2 --words 4   # many sequences, few tokens
 
 For each size it writes N synthetic ShareGPT conversations (multi-turn, lognormal turn lengths,
-Zipf-distributed words; generated with numpy in seconds) to a temporary folder, then runs
+Zipf-distributed words; generated with numpy in seconds; ``--words W``: one exchange of W-word
+turns each, so that sequences are many and tokens few) to a temporary folder, then runs
 
     python benchmarks/bench_scale.py _timed pack DATA.jsonl -t TOK -o OUT -q ...
 
@@ -15,7 +17,7 @@ pipeline's stages (read+tokenize, pack, write, verify; the rest of the wall time
 start, imports, tokenizer load, format detection, input hashing, manifest — is "other").
 "start-up" is the time from launching the process to the first record read (imports, tokenizer,
 chat template, output checks), a part of "other". The driver reports its own
-peak RSS (``getrusage``); a sampler thread also records the peak of the driver plus its worker
+peak RSS (``VmHWM``); a sampler thread also records the peak of the driver plus its worker
 processes, counted as PSS (proportional set size) so pages that forked workers share with the
 driver are not counted twice. Results: one Markdown table on stdout (and ``--json``).
 """
@@ -86,21 +88,27 @@ def _corpus(rng, words: list[str], n_words: int) -> tuple[str, "np.ndarray"]:
     return " ".join(pieces.tolist()) + " ", starts
 
 
-def generate(path: Path, n: int, seed: int = 0) -> dict:
-    """Write ``n`` ShareGPT conversations to ``path``; return a summary."""
+def generate(path: Path, n: int, seed: int = 0, words_per_turn: int | None = None) -> dict:
+    """Write ``n`` ShareGPT conversations to ``path``; return a summary. ``words_per_turn``: one
+    exchange of that many words a turn each (many sequences, few tokens: what measures the
+    driver's memory a sequence) instead of 1-8 exchanges of lognormal length."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
     words = _vocabulary(rng)
     corpus, starts = _corpus(rng, words, 4_000_000)
     n_words = len(starts)
-    exchanges = 1 + np.minimum(rng.poisson(1.0, size=n), 7)  # 1..8 user/assistant pairs, mean 2
+    if words_per_turn:
+        exchanges = np.ones(n, dtype=np.int64)
+        turn_len = np.full(2 * n, words_per_turn, dtype=np.int64)
+    else:
+        exchanges = 1 + np.minimum(rng.poisson(1.0, size=n), 7)  # 1..8 user/assistant pairs, mean 2
+        is_user = np.tile([True, False], int(exchanges.sum()))
+        # lognormal turn lengths in words: user ~ median 16, assistant ~ median 55, long tails
+        user_len = rng.lognormal(2.8, 1.0, size=len(is_user))
+        bot_len = rng.lognormal(4.0, 1.0, size=len(is_user))
+        turn_len = np.clip(np.where(is_user, user_len, bot_len), 1, 6000).astype(np.int64)
     total_turns = int(exchanges.sum()) * 2
-    is_user = np.tile([True, False], total_turns // 2)
-    # lognormal turn lengths in words: user ~ median 16, assistant ~ median 55, long tails
-    user_len = rng.lognormal(2.8, 1.0, size=total_turns)
-    bot_len = rng.lognormal(4.0, 1.0, size=total_turns)
-    turn_len = np.clip(np.where(is_user, user_len, bot_len), 1, 6000).astype(np.int64)
     first = rng.integers(0, n_words - 6001, size=total_turns)
     begin = starts[first]
     end = starts[first + turn_len] - 1  # drop the separating space
@@ -355,6 +363,8 @@ def main() -> None:
     parser.add_argument("--num-proc", type=int, action="append", help="repeatable [1 and 2]")
     parser.add_argument("--tokenizer", default=str(EXAMPLE_TOKENIZER))
     parser.add_argument("--max-len", type=int, default=4096)
+    parser.add_argument("--words", type=int, default=None,
+                        help="short conversations: one exchange of this many words a turn [1-8 exchanges, lognormal]")
     parser.add_argument("--engine", action="append", choices=["local", "ray"], help="repeatable [local]")
     parser.add_argument("--input", action="append", choices=["jsonl", "json"],
                         help="the conversations as JSONL or as one JSON array (repeatable) [jsonl]")
@@ -382,10 +392,10 @@ def main() -> None:
         print(f"# warm-up run (2,000 conversations): cold start-up {cold['startup_s']:.2f} s", file=sys.stderr, flush=True)
         warmup.unlink()
         for n in sizes:
-            data = workdir / f"chats-{n}.jsonl"
+            data = workdir / f"chats-{n}{f'-w{args.words}' if args.words else ''}.jsonl"
             if not data.exists():
                 start = time.perf_counter()
-                summary = generate(data, n)
+                summary = generate(data, n, words_per_turn=args.words)
                 print(f"# generated {n:,} conversations ({summary['bytes'] / 1e6:,.0f} MB, "
                       f"{summary['mean_words_per_turn']:.0f} words a turn) in {time.perf_counter() - start:.1f} s",
                       file=sys.stderr, flush=True)
