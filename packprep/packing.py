@@ -23,7 +23,10 @@ is full).  The kernels are compiled by numba with ``cache=True``; numba itself i
 first kernel call, not with this module (see :func:`njit`).
 
 All work arrays are allocated with numpy in Python (not inside numba), so
-``tracemalloc`` sees the true peak memory of a call.
+``tracemalloc`` sees the true peak memory of a call.  Lengths and every array of
+one entry an item (or a bin) are int32 wherever the values fit (:func:`index_dtype`):
+``pack`` plans tens of millions of sequences in one process, and its memory is
+these arrays.
 """
 
 from __future__ import annotations
@@ -64,7 +67,9 @@ class Bins:
     pieces exist (``random``, or bins mapped back from :func:`split_pieces`),
     ``starts``/``lengths`` are aligned with ``items``: the first token of the
     piece inside its item and the piece length.  Otherwise they are ``None`` and
-    each entry is a whole item.
+    each entry is a whole item.  ``items`` has :func:`index_dtype` of the item
+    count (int32 below 2**31 items), ``starts``/``lengths`` the lengths' dtype
+    (int32 unless a length is 2**31 or more); ``offsets`` is int64.
     """
 
     items: np.ndarray
@@ -79,8 +84,8 @@ class Bins:
     def entry_lengths(self, lengths) -> np.ndarray:
         """Token count of each entry of ``items`` (piece length when pieces exist)."""
         if self.lengths is not None:
-            return self.lengths
-        return np.asarray(lengths, dtype=np.int64)[self.items]
+            return self.lengths.astype(np.int64, copy=False)
+        return np.asarray(lengths)[self.items].astype(np.int64, copy=False)
 
     def bin_lengths(self, lengths) -> np.ndarray:
         """Total tokens per bin (int64, length ``n_bins``)."""
@@ -97,21 +102,28 @@ class Bins:
 # validation helpers
 
 
+def index_dtype(n: int) -> type:
+    """The dtype of indices into (and counts of) ``n`` things: int32 while they fit, else int64."""
+    return np.int32 if n < 2**31 else np.int64
+
+
 def _as_lengths(lengths) -> np.ndarray:
+    """Checked lengths, contiguous, as int32 (int64 if one does not fit): what the kernels take."""
     arr = np.asarray(lengths)
     if arr.ndim != 1:
         raise ValueError(f"lengths must be a 1-D array, got shape {arr.shape}")
     if arr.size == 0:
-        return np.zeros(0, dtype=np.int64)
+        return np.zeros(0, dtype=np.int32)
     if arr.dtype.kind not in "iu":
         raise ValueError(f"lengths must have an integer dtype, got {arr.dtype}")
     mn = int(arr.min())
     if mn < 1:
         bad = int(np.flatnonzero(arr < 1)[0])
         raise ValueError(f"all lengths must be >= 1; lengths[{bad}] = {int(arr[bad])}")
-    if arr.dtype.kind == "u" and int(arr.max()) > np.iinfo(np.int64).max:
+    top = int(arr.max())
+    if top > np.iinfo(np.int64).max:
         raise ValueError("lengths do not fit in int64")
-    return np.ascontiguousarray(arr, dtype=np.int64)
+    return np.ascontiguousarray(arr, dtype=index_dtype(top))
 
 
 def _check_max_len(max_len) -> int:
@@ -138,7 +150,7 @@ def _check_fits(lengths: np.ndarray, max_len: int, strategy: str) -> None:
 def lower_bound(lengths, max_len) -> int:
     """``ceil(sum(lengths) / max_len)``: no packing can use fewer bins."""
     max_len = _check_max_len(max_len)
-    total = int(np.asarray(lengths, dtype=np.int64).sum())
+    total = int(np.sum(lengths, dtype=np.int64))
     return -(-total // max_len)
 
 
@@ -540,28 +552,28 @@ def _sorted_order(lengths: np.ndarray, max_len: int) -> np.ndarray:
     n = lengths.shape[0]
     if max_len <= 4 * n + (1 << 16):
         counts = np.zeros(max_len + 1, dtype=np.int64)
-        order = np.empty(n, dtype=np.int64)
+        order = np.empty(n, dtype=index_dtype(n))
         _counting_order_desc(lengths, max_len, counts, order)
         return order
-    return np.argsort(-lengths, kind="stable").astype(np.int64, copy=False)
+    return np.argsort(-lengths, kind="stable").astype(index_dtype(n), copy=False)
 
 
 def _bin_bound(lengths: np.ndarray, max_len: int) -> int:
     # any first/best-fit packing has at most one bin at most half full, so
     # n_bins <= 2*sum/max_len + 1; and never more bins than items.
-    total = int(lengths.sum())
+    total = int(lengths.sum(dtype=np.int64))
     return max(1, min(lengths.shape[0], 2 * total // max_len + 2))
 
 
 def _csr(order, bin_of, nb) -> Bins:
     offsets = np.zeros(nb + 1, dtype=np.int64)
-    items = np.empty(order.shape[0], dtype=np.int64)
+    items = np.empty(order.shape[0], dtype=order.dtype)
     _csr_from_bin_of(order, bin_of, nb, offsets, items)
     return Bins(items=items, offsets=offsets)
 
 
 def _empty_bins(with_pieces: bool = False) -> Bins:
-    z = np.zeros(0, dtype=np.int64)
+    z = np.zeros(0, dtype=np.int32)
     if with_pieces:
         return Bins(items=z, offsets=np.zeros(1, dtype=np.int64), starts=z.copy(), lengths=z.copy())
     return Bins(items=z, offsets=np.zeros(1, dtype=np.int64))
@@ -573,7 +585,8 @@ def _pack_greedy(lengths: np.ndarray, max_len: int) -> Bins:
         return _empty_bins()
     order = _sorted_order(lengths, max_len)
     bound = _bin_bound(lengths, max_len)
-    bin_of = np.empty(n, dtype=np.int64)
+    index = index_dtype(n)  # bin numbers: never more bins than items
+    bin_of = np.empty(n, dtype=index)
     if max_len > _CLASS_LIMIT:
         size = 1
         while size < bound:
@@ -582,11 +595,11 @@ def _pack_greedy(lengths: np.ndarray, max_len: int) -> Bins:
         nb = _ffd_tree_kernel(lengths, order, np.int64(max_len), tree, bin_of)
         del tree
         return _csr(order, bin_of, nb)
-    root = np.full(max_len + 1, -1, dtype=np.int64)
-    child = np.empty(bound, dtype=np.int64)
-    sibling = np.empty(bound, dtype=np.int64)
-    scratch = np.empty(bound, dtype=np.int64)
-    bincls = np.empty(bound, dtype=np.int64)
+    root = np.full(max_len + 1, -1, dtype=index)
+    child = np.empty(bound, dtype=index)
+    sibling = np.empty(bound, dtype=index)
+    scratch = np.empty(bound, dtype=index)
+    bincls = np.empty(bound, dtype=np.int32)  # room left in a bin: at most max_len < 2**31
     size = 1
     while size < max_len + 1:
         size *= 2
@@ -604,13 +617,14 @@ def _pack_bfd(lengths: np.ndarray, max_len: int) -> Bins:
     if max_len > _CLASS_LIMIT:
         return _pack_bfd_large(lengths, order, max_len)
     bound = _bin_bound(lengths, max_len)
-    root = np.full(max_len + 1, -1, dtype=np.int64)
-    child = np.empty(bound, dtype=np.int64)
-    sibling = np.empty(bound, dtype=np.int64)
-    scratch = np.empty(bound, dtype=np.int64)
+    index = index_dtype(n)
+    root = np.full(max_len + 1, -1, dtype=index)
+    child = np.empty(bound, dtype=index)
+    sibling = np.empty(bound, dtype=index)
+    scratch = np.empty(bound, dtype=index)
     w0 = np.zeros((max_len >> 6) + 1, dtype=np.uint64)
     w1 = np.zeros((w0.shape[0] >> 6) + 1, dtype=np.uint64)
-    bin_of = np.empty(n, dtype=np.int64)
+    bin_of = np.empty(n, dtype=index)
     nb = _bfd_kernel(lengths, order, np.int64(max_len), root, child, sibling, scratch, w0, w1, bin_of)
     del root, child, sibling, scratch
     return _csr(order, bin_of, nb)
@@ -624,7 +638,7 @@ def _pack_bfd_large(lengths: np.ndarray, order: np.ndarray, max_len: int) -> Bin
     import heapq
 
     n = lengths.shape[0]
-    bin_of = np.empty(n, dtype=np.int64)
+    bin_of = np.empty(n, dtype=index_dtype(n))
     caps: list[int] = []  # sorted distinct remaining capacities of open bins
     heaps: dict[int, list[int]] = {}
     min_len = int(lengths[order[-1]])
@@ -667,13 +681,13 @@ def _pack_random(lengths: np.ndarray, max_len: int, seed) -> Bins:
     n = lengths.shape[0]
     if n == 0:
         return _empty_bins(with_pieces=True)
-    perm = np.random.default_rng(seed).permutation(n).astype(np.int64, copy=False)
-    total = int(lengths.sum())
+    perm = np.random.default_rng(seed).permutation(n).astype(index_dtype(n), copy=False)
+    total = int(lengths.sum(dtype=np.int64))
     # every item contributes one piece plus one per cut strictly inside it
     max_pieces = n + total // max_len
-    items = np.empty(max_pieces, dtype=np.int64)
-    starts = np.empty(max_pieces, dtype=np.int64)
-    plens = np.empty(max_pieces, dtype=np.int64)
+    items = np.empty(max_pieces, dtype=index_dtype(n))
+    starts = np.empty(max_pieces, dtype=lengths.dtype)
+    plens = np.empty(max_pieces, dtype=lengths.dtype)
     offsets = np.zeros(-(-total // max_len) + 1, dtype=np.int64)
     p, b = _random_kernel(perm, lengths, np.int64(max_len), items, starts, plens, offsets)
     assert b == offsets.shape[0] - 1
@@ -684,7 +698,7 @@ def _pack_random(lengths: np.ndarray, max_len: int, seed) -> Bins:
 
 def _pack_pad(lengths: np.ndarray) -> Bins:
     n = lengths.shape[0]
-    return Bins(items=np.arange(n, dtype=np.int64), offsets=np.arange(n + 1, dtype=np.int64))
+    return Bins(items=np.arange(n, dtype=index_dtype(n)), offsets=np.arange(n + 1, dtype=np.int64))
 
 
 def _pack_minibatch(lengths: np.ndarray, seed, samples_per_row) -> Bins:
@@ -698,7 +712,7 @@ def _pack_minibatch(lengths: np.ndarray, seed, samples_per_row) -> Bins:
     n = lengths.shape[0]
     if n == 0:
         return _empty_bins()
-    perm = np.random.default_rng(seed).permutation(n).astype(np.int64, copy=False)
+    perm = np.random.default_rng(seed).permutation(n).astype(index_dtype(n), copy=False)
     offsets = np.minimum(np.arange(0, n + k, k, dtype=np.int64), n)
     offsets = offsets[: -(-n // k) + 1]
     return Bins(items=perm, offsets=offsets)
@@ -781,29 +795,28 @@ def pack_lengths(lengths, max_len, strategy="greedy", seed=0, samples_per_row=No
 def split_pieces(lengths, max_len) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Cut every item into ``max_len``-sized pieces (the last may be shorter).
 
-    Returns ``(item, start, length)`` int64 arrays, one row per piece, in item
-    order; an item with length <= max_len is a single piece ``(i, 0, len)``.
-    Pack the piece lengths with :func:`pack_lengths`, then map the bins back
-    to items with :func:`pieces_to_bins`.
+    Returns ``(item, start, length)`` arrays, one row per piece, in item
+    order (``item`` of :func:`index_dtype`, ``start``/``length`` of the
+    lengths' dtype, as :class:`Bins` has them); an item with length <= max_len
+    is a single piece ``(i, 0, len)``.  Pack the piece lengths with
+    :func:`pack_lengths`, then map the bins back to items with :func:`pieces_to_bins`.
     """
     max_len = _check_max_len(max_len)
     arr = _as_lengths(lengths)
-    n_pieces = (arr + (max_len - 1)) // max_len
-    item = np.repeat(np.arange(arr.shape[0], dtype=np.int64), n_pieces)
+    n_pieces = arr // max_len + (arr % max_len > 0)  # (not arr + max_len - 1: that overflows int32)
+    item = np.repeat(np.arange(arr.shape[0], dtype=index_dtype(arr.shape[0])), n_pieces)
     first = np.zeros(arr.shape[0] + 1, dtype=np.int64)
     np.cumsum(n_pieces, out=first[1:])
     k = np.arange(item.shape[0], dtype=np.int64) - first[item]
-    start = k * max_len
-    length = np.minimum(arr[item] - start, max_len)
+    start = (k * max_len).astype(arr.dtype)
+    length = np.minimum(arr[item] - start, max_len).astype(arr.dtype)
     return item, start, length
 
 
 def pieces_to_bins(bins: Bins, item, start, length) -> Bins:
     """Map ``bins`` packed over pieces (indices into the piece arrays returned by
     :func:`split_pieces`) back to original items, with ``starts``/``lengths``."""
-    item = np.asarray(item, dtype=np.int64)
-    start = np.asarray(start, dtype=np.int64)
-    length = np.asarray(length, dtype=np.int64)
+    item, start, length = np.asarray(item), np.asarray(start), np.asarray(length)
     idx = bins.items
     if bins.lengths is not None:  # the packer cut the pieces further (random)
         return Bins(items=item[idx], offsets=bins.offsets.copy(), starts=start[idx] + bins.starts,
@@ -830,7 +843,7 @@ def order_bins(bins: Bins, row_order="shuffle", seed=0) -> Bins:
             lengths=None if bins.lengths is None else bins.lengths.copy(),
         )
     if row_order == "shuffle":
-        perm = np.random.default_rng(seed).permutation(nb).astype(np.int64, copy=False)
+        perm = np.random.default_rng(seed).permutation(nb)
     else:
         sizes = np.diff(bins.offsets)
         if nb and np.any(sizes == 0):
@@ -841,19 +854,32 @@ def order_bins(bins: Bins, row_order="shuffle", seed=0) -> Bins:
             key = np.minimum.reduceat(bins.items, bins.offsets[:-1])
         else:
             key = np.zeros(0, dtype=np.int64)
-        perm = np.argsort(key, kind="stable").astype(np.int64, copy=False)
+        perm = np.argsort(key, kind="stable")
     return _take_bins(bins, perm)
 
 
 def _take_bins(bins: Bins, perm: np.ndarray) -> Bins:
-    sizes = np.diff(bins.offsets)[perm]
+    """Bins ``perm[0], perm[1], ...`` of ``bins``, copied entry by entry: no index array of one
+    entry a sequence (an int64 gather index would be the largest array of the planner)."""
     offsets = np.zeros(perm.shape[0] + 1, dtype=np.int64)
-    np.cumsum(sizes, out=offsets[1:])
-    # entry index in the old layout for every entry of the new layout
-    src = np.repeat(bins.offsets[:-1][perm] - offsets[:-1], sizes) + np.arange(offsets[-1], dtype=np.int64)
-    return Bins(
-        items=bins.items[src],
-        offsets=offsets,
-        starts=None if bins.starts is None else bins.starts[src],
-        lengths=None if bins.lengths is None else bins.lengths[src],
-    )
+    np.cumsum(np.diff(bins.offsets)[perm], out=offsets[1:])
+
+    def take(values):
+        if values is None:
+            return None
+        out = np.empty_like(values)
+        _take_kernel(values, bins.offsets, perm, out)
+        return out
+
+    return Bins(items=take(bins.items), offsets=offsets, starts=take(bins.starts), lengths=take(bins.lengths))
+
+
+@njit(cache=True)
+def _take_kernel(values, offsets, perm, out):
+    """``out``: the entries of bin ``perm[0]`` of ``values`` (CSR by ``offsets``), then of ``perm[1]``, ..."""
+    p = 0
+    for k in range(perm.shape[0]):
+        b = perm[k]
+        for e in range(offsets[b], offsets[b + 1]):
+            out[p] = values[e]
+            p += 1

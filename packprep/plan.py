@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import ConfigError
-from .packing import STRATEGIES, STRATEGY_TABLE, Bins, Strategy, pack_lengths, pieces_to_bins, split_pieces
+from .packing import STRATEGIES, STRATEGY_TABLE, Bins, Strategy, index_dtype, pack_lengths, pieces_to_bins, split_pieces
 
 OVERLONG = ("truncate", "drop", "split")
 # What --overlong does to one sample (see overlong_fates).
@@ -71,7 +71,7 @@ def plan_bins(
     pieces of ``max_len`` tokens; the bins then say which piece of which sample each entry is.
     """
     chosen = STRATEGY_TABLE[strategy] if isinstance(strategy, str) else strategy
-    lengths = np.asarray(lengths, dtype=np.int64)
+    lengths = np.asarray(lengths)  # its own dtype: the packer takes int32 lengths without a copy
     size = partition_size or max(1, len(lengths))
     firsts = range(0, max(1, len(lengths)), size)
     split = overlong == "split" and not chosen.rows_may_exceed_max_len
@@ -91,7 +91,8 @@ def _concat_bins(parts: list[Bins], firsts) -> Bins:
     was packed the same way, so either all have pieces or none has)."""
     if len(parts) == 1:
         return parts[0]
-    items = np.concatenate([part.items + first for part, first in zip(parts, firsts)])
+    index = index_dtype(sum(len(part.items) for part in parts))
+    items = np.concatenate([part.items.astype(index, copy=False) + first for part, first in zip(parts, firsts)])
     sizes = np.concatenate([np.diff(part.offsets) for part in parts])
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     if parts[0].starts is None:

@@ -66,11 +66,12 @@ def as_lists(bins: Bins):
 
 
 def check_csr(bins: Bins):
-    assert bins.items.dtype == np.int64 and bins.offsets.dtype == np.int64
+    # one entry a sequence: int32 (4 bytes, not 8) while the values fit; offsets, one a bin, int64
+    assert bins.items.dtype == np.int32 and bins.offsets.dtype == np.int64
     assert bins.offsets[0] == 0 and bins.offsets[-1] == bins.items.shape[0]
     assert np.all(np.diff(bins.offsets) >= 0)
     if bins.starts is not None:
-        assert bins.starts.dtype == np.int64 and bins.lengths.dtype == np.int64
+        assert bins.starts.dtype == np.int32 and bins.lengths.dtype == np.int32
         assert bins.starts.shape == bins.items.shape == bins.lengths.shape
 
 
@@ -266,6 +267,17 @@ def test_items_of_exactly_max_len_and_len_one():
     assert bins.n_bins == 1000
 
 
+def test_lengths_past_int32_are_cut_without_overflow():
+    """Arrays are int32 while the values fit; a sample of 2**31 tokens or more makes them int64."""
+    big = 2**31 + 5
+    item, start, length = split_pieces([big, 3], 2**30)
+    assert start.dtype == length.dtype == np.int64
+    assert start.tolist() == [0, 2**30, 2**31, 0] and length.tolist() == [2**30, 2**30, 5, 3]
+    bins = pack_lengths(np.array([big, 3]), 2**30, "random", seed=0)
+    assert bins.starts.dtype == bins.lengths.dtype == np.int64
+    assert int(bins.lengths.sum()) == big + 3 and int(bins.lengths.max()) == 2**30
+
+
 def test_large_max_len_uses_fallback_sort():
     lengths = np.array([10**6, 5, 10**6 - 5, 3, 2])
     for s in ("greedy", "bfd"):
@@ -282,7 +294,7 @@ def test_split_pieces_then_pack(lc, strategy):
     lengths, cap = lc
     arr = np.array(lengths, dtype=np.int64)
     item, start, length = split_pieces(arr, cap)
-    assert item.dtype == start.dtype == length.dtype == np.int64
+    assert item.dtype == start.dtype == length.dtype == np.int32
     assert np.all(length >= 1) and np.all(length <= cap)
     assert np.all(np.diff(item) >= 0)
     short = arr <= cap

@@ -113,7 +113,7 @@ def what_if(
         pieces = None
         if overlong == "split" and n_over:
             _, _, pieces = split_pieces(lens, max_len)
-        pad_attention = int(np.square(pieces if pieces is not None else lens).sum())
+        pad_attention = int(np.square(pieces if pieces is not None else lens, dtype=np.int64).sum())
         for strategy in strategies:
             entry, row_lengths = _plan(lens, max_len, strategy, seed, samples_per_row, partition_size,
                                        split=overlong == "split")
