@@ -134,16 +134,17 @@ def _output_error(exc: OSError, where: Path) -> OutputError:
 
 
 def plan_shards(row_lengths: np.ndarray, row_sequences: np.ndarray, shard_bytes: int) -> list[tuple[int, int]]:
-    """Cut rows into shards of at most ``shard_bytes`` (uncompressed estimate); deterministic."""
-    row_bytes = row_lengths * BYTES_PER_TOKEN + row_sequences * BYTES_PER_SEQUENCE
-    shards, start, acc = [], 0, 0
-    for row, size in enumerate(row_bytes.tolist()):
-        if acc and acc + size > shard_bytes:
-            shards.append((start, row))
-            start, acc = row, 0
-        acc += size
-    shards.append((start, len(row_bytes)))
-    return shards
+    """Cut rows into shards of at most ``shard_bytes`` (uncompressed estimate; a row larger than that
+    is a shard of its own); deterministic. One search a shard, not a Python int a row."""
+    ends = np.cumsum(row_lengths * BYTES_PER_TOKEN + row_sequences * BYTES_PER_SEQUENCE)  # bytes up to each row
+    shards, start, before = [], 0, 0
+    while True:
+        stop = max(start + 1, int(np.searchsorted(ends, before + shard_bytes, side="right")))
+        if stop >= len(ends):
+            shards.append((start, len(ends)))
+            return shards
+        shards.append((start, stop))
+        start, before = stop, int(ends[stop - 1])
 
 
 def shard_name(index: int, count: int, shard_format: str) -> str:
