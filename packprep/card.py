@@ -26,9 +26,9 @@ def length_histograms(row_lengths, sequence_lengths, max_len: int, bins: int = H
 
     edges = [round(max_len * i / bins) for i in range(bins + 1)]
 
-    def count(lengths):
-        lengths = np.asarray(lengths, dtype=np.int64)
-        inside = np.histogram(lengths[lengths <= max_len], bins=np.asarray(edges) + 0.5)[0] if len(lengths) else []
+    def count(lengths):  # without a copy: there is one sequence length a sequence
+        lengths = np.asarray(lengths)
+        inside = np.histogram(lengths, bins=np.asarray(edges) + 0.5)[0] if len(lengths) else []  # <= max_len only
         return [int(n) for n in inside] or [0] * bins, int((lengths > max_len).sum())
 
     rows, rows_over = count(row_lengths)

@@ -19,42 +19,53 @@ import numpy as np
 import pyarrow as pa
 
 from .layout import ROW_SCHEMA
+from .packing import index_dtype
 from .tokenize import IGNORE_INDEX
 
 
 @dataclass
 class TokenStore:
-    """All accepted sequences: lengths and input records in memory, tokens on disk.
+    """All accepted sequences: their offsets in memory (8 bytes a sequence), tokens on disk.
 
-    Only the CSR offsets and source indices (16 bytes a sequence) are held; the tokens stay in
-    the files the encode workers spilled, two flat int32 files a part (:class:`TokenSpill`), in
-    part order. Rows are gathered from them with ``pread``, which keeps resident memory bounded by
-    one row group (a memory map would not: every page it touches counts as resident).
+    The tokens stay in the files the encode workers spilled, two flat int32 files a part
+    (:class:`TokenSpill`), in part order. Rows are gathered from them with ``pread``, which keeps
+    resident memory bounded by one row group (a memory map would not: every page it touches
+    counts as resident). Sequence i is the i-th input record that was not rejected (each kept
+    record is one sequence, spilled in input order), so its record number is computed from the
+    rejected records alone (:meth:`source_index`), not held for every sequence.
     """
 
     offsets: np.ndarray  # int64, n + 1: first token of each sequence, over all parts
-    source_index: np.ndarray  # int64, input record of each sequence
+    skips: np.ndarray  # sorted: rejected[j] - j for each rejected record number, j its rank
     cache_dir: Path
     part_starts: np.ndarray  # int64, parts + 1: first token of each part's files
 
     @classmethod
-    def from_spills(cls, cache_dir: Path, spills: list["Spilled"], record_bases: list[int]) -> "TokenStore":
-        """The store of every part's spill, in part order; ``record_bases[p]``: records before part p."""
-        lengths = np.concatenate([np.zeros(0, np.int64)] + [s.lengths.astype(np.int64) for s in spills])
-        sources = np.concatenate([np.zeros(0, np.int64)] + [s.numbers.astype(np.int64) + base
-                                                            for s, base in zip(spills, record_bases)])
+    def from_spills(cls, cache_dir: Path, spills: list["Spilled"], rejected: np.ndarray) -> "TokenStore":
+        """The store of every part's spill, in part order; ``rejected``: the sorted numbers of the
+        input records that are not sequences."""
+        lengths = np.concatenate([np.zeros(0, np.int32)] + [s.lengths for s in spills])
         offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        part_tokens = np.array([int(s.lengths.sum(dtype=np.int64)) for s in spills], dtype=np.int64)
+        np.cumsum(lengths, dtype=np.int64, out=offsets[1:])
+        part_tokens = np.array([s.lengths.sum(dtype=np.int64) for s in spills], dtype=np.int64)
         part_starts = np.concatenate([[0], np.cumsum(part_tokens)]).astype(np.int64)
-        return cls(offsets, sources, Path(cache_dir), part_starts)
+        skips = (np.asarray(rejected, dtype=np.int64) - np.arange(len(rejected))).astype(index_dtype(len(offsets)))
+        return cls(offsets, skips, Path(cache_dir), part_starts)
 
     @property
     def lengths(self) -> np.ndarray:
-        return np.diff(self.offsets)
+        """Each sequence's length, int32 as the spills count them."""
+        lengths = np.empty(len(self), dtype=np.int32)
+        np.subtract(self.offsets[1:], self.offsets[:-1], out=lengths, casting="unsafe")
+        return lengths
+
+    def source_index(self, items: np.ndarray) -> np.ndarray:
+        """The input record (int64) of each sequence in ``items``: its index plus the records
+        rejected before it (those whose ``skips`` value is at most the index)."""
+        return items + np.searchsorted(self.skips, items, side="right")
 
     def __len__(self) -> int:
-        return len(self.source_index)
+        return len(self.offsets) - 1
 
     def gather(self, first_token: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Tokens and labels of the pieces ``[first_token, first_token + length)``, concatenated."""
@@ -68,7 +79,7 @@ class TokenStore:
         fds: dict[int, int] = {}
         try:
             at = 0
-            for part, start, length in zip(parts.tolist(), local.tolist(), (lengths * 4).tolist()):
+            for part, start, length in zip(parts.tolist(), local.tolist(), (lengths.astype(np.int64) * 4).tolist()):
                 if part not in fds:
                     fds[part] = os.open(spill_path(self.cache_dir, part, column), os.O_RDONLY)
                 got = os.preadv(fds[part], [view[at : at + length]], start)
@@ -87,51 +98,50 @@ def spill_path(cache_dir: Path, part: int, column: str) -> Path:
 
 @dataclass
 class Spilled:
-    """What a part's spill tells the driver: per kept sequence, its length and record number."""
+    """What a part's spill tells the driver: the length of each kept sequence, in input order."""
 
     lengths: np.ndarray  # int32
-    numbers: np.ndarray  # int32, the record's number within its part
 
 
 class TokenSpill:
-    """Writes one part's sequences to its two files under ``cache_dir`` (an encode worker's output)."""
+    """Writes one part's sequences to its two files under ``cache_dir`` (an encode worker's output),
+    one for each record not rejected, in input order (what :meth:`TokenStore.source_index` counts on)."""
 
     def __init__(self, cache_dir: Path, part: int):
         self._lengths = array("i")  # 4 bytes a sequence, not a Python int object each
-        self._numbers = array("i")
         self._files = (open(spill_path(cache_dir, part, "ids"), "wb"), open(spill_path(cache_dir, part, "labels"), "wb"))
 
-    def append(self, input_ids: np.ndarray, labels: np.ndarray, number: int) -> None:
+    def append(self, input_ids: np.ndarray, labels: np.ndarray) -> None:
         self._files[0].write(np.ascontiguousarray(input_ids, dtype=np.int32).tobytes())
         self._files[1].write(np.ascontiguousarray(labels, dtype=np.int32).tobytes())
         self._lengths.append(len(input_ids))
-        self._numbers.append(number)
 
     def finish(self) -> Spilled:
         for handle in self._files:
             handle.close()
-        return Spilled(np.frombuffer(self._lengths, dtype=np.int32).copy(),
-                       np.frombuffer(self._numbers, dtype=np.int32).copy())
+        return Spilled(np.frombuffer(self._lengths, dtype=np.int32).copy())
 
 
 @dataclass
 class Segments:
-    """The flat piece list of a set of bins: bin b holds pieces ``offsets[b]:offsets[b+1]``."""
+    """The flat piece list of a set of bins: bin b holds pieces ``offsets[b]:offsets[b+1]``.
+    8 bytes a piece (int32 item and length, as the packer gives them); ``start`` only where
+    sequences were cut into pieces."""
 
-    item: np.ndarray  # int64, index into the TokenStore
-    start: np.ndarray  # int64, first token of the piece within its sequence
-    length: np.ndarray  # int64
+    item: np.ndarray  # int32 (int64 past 2**31 sequences), index into the TokenStore
+    start: np.ndarray | None  # first token of the piece within its sequence; None: every piece is whole
+    length: np.ndarray  # int32
     offsets: np.ndarray  # int64, n_bins + 1
 
     def row_lengths(self) -> np.ndarray:
-        totals = np.concatenate([[0], np.cumsum(self.length)])
+        totals = np.zeros(len(self.length) + 1, dtype=np.int64)
+        np.cumsum(self.length, dtype=np.int64, out=totals[1:])
         return totals[self.offsets[1:]] - totals[self.offsets[:-1]]
 
     def select(self, first_bin: int, last_bin: int) -> "Segments":
         lo, hi = self.offsets[first_bin], self.offsets[last_bin]
-        return Segments(
-            self.item[lo:hi], self.start[lo:hi], self.length[lo:hi], self.offsets[first_bin : last_bin + 1] - lo
-        )
+        return Segments(self.item[lo:hi], None if self.start is None else self.start[lo:hi], self.length[lo:hi],
+                        self.offsets[first_bin : last_bin + 1] - lo)
 
 
 def materialize(store: TokenStore, segments: Segments) -> pa.Table:
@@ -142,7 +152,10 @@ def materialize(store: TokenStore, segments: Segments) -> pa.Table:
     position = np.arange(total, dtype=np.int32)  # int32 throughout: a row group's arrays are its writer's memory
     position -= np.repeat(piece_first.astype(np.int32), lengths)
 
-    input_ids, labels = store.gather(store.offsets[segments.item] + segments.start, lengths)
+    first_token = store.offsets[segments.item]
+    if segments.start is not None:
+        first_token += segments.start
+    input_ids, labels = store.gather(first_token, lengths)
     labels[piece_first[lengths > 0]] = IGNORE_INDEX  # first label of every packed sequence
 
     token_offsets = np.concatenate([[0], np.cumsum(lengths)])[segments.offsets].astype(np.int32)
@@ -157,7 +170,7 @@ def materialize(store: TokenStore, segments: Segments) -> pa.Table:
             lists(token_offsets, labels, pa.int32()),
             lists(token_offsets, position, pa.int32()),
             lists(piece_offsets, lengths.astype(np.int32), pa.int32()),
-            lists(piece_offsets, store.source_index[segments.item], pa.int64()),
+            lists(piece_offsets, store.source_index(segments.item), pa.int64()),
         ],
         schema=ROW_SCHEMA,
     )

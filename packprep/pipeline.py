@@ -17,7 +17,7 @@ import numpy as np
 
 from . import __version__, plan
 from .card import length_histograms, render_card
-from .encode import FATES, PACKED, SPLIT, TRUNCATED, Encoding, Ledger
+from .encode import FATES, PACKED, REJECTED, SPLIT, TRUNCATED, Encoding, Ledger
 from .engines import Engine, make_engine
 from .errors import ConfigError, InputError
 from .layout import DEFAULT_LAYOUT, get_layout
@@ -141,20 +141,18 @@ def _pack_into(folder: OutputFolder, encoding: Encoding, config: PackConfig, lay
         cache = tmp / "token-cache"  # tokens spill to disk, a file pair a part: memory does not grow with the data
         cache.mkdir()
         with ledger, Progress(progress, None, "read+tokenize", "conv") as bar:
-            spills, bases = [], []
+            spills = []
             sink = partial(PackSink, cache, config.max_len, config.overlong)
             for result in encoding.run(engine, ledger, sink):
-                bases.append(len(ledger.status) - result.records)
                 spills.append(result.payload)
                 bar.update(result.records, result.tokens)
-            store = TokenStore.from_spills(cache, spills, bases)
+            store = TokenStore.from_spills(cache, spills, _rejected(ledger))
             del spills
         if len(store) == 0:
             raise InputError(_nothing_to_pack(ledger, encoding.sources))
         with Progress(progress, len(store), "pack", "seq") as bar:
-            bins = _pack(store, config, ledger)
+            segments = _segments(_pack(store, config, ledger), store)
             bar.update(len(store))
-        segments = _segments(bins, store)
         with Progress(progress, segments.offsets.size - 1, "write", "rows") as bar:
             check = ShardContext(tmp, DEFAULT_LAYOUT, config.max_len,
                                  STRATEGY_TABLE[config.strategy].rows_may_exceed_max_len, False, len(ledger.status))
@@ -163,7 +161,10 @@ def _pack_into(folder: OutputFolder, encoding: Encoding, config: PackConfig, lay
                 engine, check,
             )
         shutil.rmtree(store.cache_dir)
-        manifest = _manifest(config, encoding, ledger, store, segments, shards, hashes.result())
+        sequences = len(store)
+        del store  # the manifest and verify hold arrays of their own: free these first
+        manifest = _manifest(config, encoding, ledger, sequences, segments, shards, hashes.result())
+        del segments
         manifest["layout"] = DEFAULT_LAYOUT
         (tmp / "packprep.json").write_text(json.dumps(manifest, indent=2) + "\n")
         (tmp / "README.md").write_text(render_card(manifest))
@@ -225,12 +226,17 @@ class PackSink:
                 ids, labels = ids[:max_len], labels[:max_len]
                 ledger.status[number] = TRUNCATED
             ledger.keep(conversation, item)
-            self.spill.append(ids, labels, number)
+            self.spill.append(ids, labels)
             tokens += len(ids)
         return tokens
 
     def finish(self):
         return self.spill.finish()
+
+
+def _rejected(ledger: Ledger) -> np.ndarray:
+    """The numbers of the records that are not sequences (every other record is one, in order)."""
+    return np.flatnonzero(np.frombuffer(ledger.status, dtype=np.uint8) == REJECTED)
 
 
 def _pack(store: TokenStore, config: PackConfig, ledger: Ledger) -> Bins:
@@ -239,26 +245,27 @@ def _pack(store: TokenStore, config: PackConfig, ledger: Ledger) -> Bins:
                      overlong=config.overlong, partition_size=config.partition_size)
     if bins.lengths is not None:  # pieces exist: mark the records that were cut
         cut = bins.lengths < lengths[bins.items]
-        for source_index in np.unique(store.source_index[bins.items[cut]]).tolist():
+        for source_index in np.unique(store.source_index(bins.items[cut])).tolist():
             if ledger.status[source_index] == PACKED:  # a truncated record that is also cut stays truncated
                 ledger.status[source_index] = SPLIT
+    del lengths  # the planner's arrays are the driver's peak: free what is done before the next
     return order_bins(bins, config.row_order, config.seed)
 
 
 def _segments(bins: Bins, store: TokenStore) -> Segments:
-    lengths = store.lengths
-    starts = bins.starts if bins.starts is not None else np.zeros(len(bins.items), dtype=np.int64)
-    return Segments(bins.items, starts, bins.entry_lengths(lengths), bins.offsets)
+    """The pieces of the ordered bins; a whole sequence's length is its length in the store."""
+    lengths = bins.lengths if bins.lengths is not None else store.lengths[bins.items]
+    return Segments(bins.items, bins.starts, lengths, bins.offsets)
 
 
-def _manifest(config, encoding: Encoding, ledger, store, segments, shards, hashes: list) -> dict:
-    status = np.bincount(np.frombuffer(bytes(ledger.status), dtype=np.uint8), minlength=len(FATES))
+def _manifest(config, encoding: Encoding, ledger, sequences: int, segments, shards, hashes: list) -> dict:
+    status = np.bincount(np.frombuffer(ledger.status, dtype=np.uint8), minlength=len(FATES))
     fates = {fate: int(status[code]) for code, fate in enumerate(FATES)}
     row_lengths = segments.row_lengths()
     tokens = int(row_lengths.sum())
     rows = int(len(row_lengths))
     supervised = sum(shard["supervised_tokens"] for shard in shards)
-    bound = lower_bound(segments.length, config.max_len) if tokens else 0
+    bound = lower_bound(row_lengths, config.max_len) if tokens else 0
     return {
         "packprep_version": __version__,
         "config": asdict(config),
@@ -285,7 +292,7 @@ def _manifest(config, encoding: Encoding, ledger, store, segments, shards, hashe
         "rows_may_exceed_max_len": STRATEGY_TABLE[config.strategy].rows_may_exceed_max_len,
         "efficiency": round(tokens / (rows * config.max_len), 6) if rows else 0.0,
         "lower_bound_rows": int(bound),
-        "partitions": -(-len(store) // config.partition_size) if config.partition_size and len(store) else 1,
+        "partitions": -(-sequences // config.partition_size) if config.partition_size and sequences else 1,
         "length_histograms": length_histograms(row_lengths, segments.length, config.max_len),
         "shards": shards,
     }

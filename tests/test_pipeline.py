@@ -146,6 +146,51 @@ def test_shards_written_by_parallel_writers_are_the_same_bytes(tmp_path, shard_f
     assert packprep.verify(tmp_path / "out3").ok
 
 
+def test_the_driver_holds_16_bytes_a_sequence_while_shards_are_written(tmp_path, monkeypatch):
+    """What the README's memory formula counts on: int64 token offsets, int32 item and length of
+    each piece, and no input record number a sequence (they follow from the rejected records)."""
+    import numpy as np
+
+    from packprep import pipeline
+
+    held = {}
+    write_shards = pipeline.write_shards
+
+    def spy(folder, store, segments, *args, **kwargs):
+        held.update(store=store, segments=segments)
+        return write_shards(folder, store, segments, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "write_shards", spy)
+    manifest = packprep.pack(str(EXAMPLE_CHATS), tmp_path / "out", TOKENIZER, max_len=192, overlong="drop", num_proc=1)
+    store, segments = held["store"], held["segments"]
+    sequences = manifest["sequences"]
+    assert 0 < manifest["counts"]["rejected"] < sequences and len(store) == sequences
+    arrays = [value for value in [*vars(store).values(), *vars(segments).values()] if isinstance(value, np.ndarray)]
+    assert sum(array.itemsize for array in arrays if len(array) >= sequences) == 16
+    assert len(store.skips) == manifest["counts"]["rejected"]
+    rows = read_rows(tmp_path / "out")
+    assert store.source_index(np.arange(sequences, dtype=np.int32)).tolist() == sorted(
+        source for row in rows for source in row["source_index"])
+
+
+def test_shards_hold_at_most_shard_size_and_an_oversized_row_alone():
+    import numpy as np
+
+    from packprep.write import BYTES_PER_SEQUENCE, BYTES_PER_TOKEN, plan_shards
+
+    rng = np.random.default_rng(0)
+    for shard_bytes in (1, 100, 1000, 5000):
+        lengths, sequences = rng.integers(1, 60, 300), rng.integers(1, 4, 300)
+        size = lengths * BYTES_PER_TOKEN + sequences * BYTES_PER_SEQUENCE
+        shards = plan_shards(lengths, sequences, shard_bytes)
+        assert [first for first, _ in shards] == [0] + [last for _, last in shards[:-1]] and shards[-1][1] == 300
+        for first, last in shards:
+            assert last > first and (last - first == 1 or size[first:last].sum() <= shard_bytes)
+        for first, last in shards[:-1]:  # each shard as full as it could be
+            assert size[first : last + 1].sum() > shard_bytes
+    assert plan_shards(np.zeros(0, np.int64), np.zeros(0, np.int64), 100) == [(0, 0)]
+
+
 @pytest.mark.parametrize("overlong", ["truncate", "drop", "split"])
 def test_overlong_policies_account_for_every_record(tmp_path, overlong):
     manifest = packprep.pack(str(EXAMPLE_CHATS), tmp_path / "out", TOKENIZER, max_len=96, overlong=overlong,
