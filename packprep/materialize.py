@@ -22,6 +22,8 @@ from .layout import ROW_SCHEMA
 from .packing import index_dtype
 from .tokenize import IGNORE_INDEX
 
+RUNNING_BLOCK = 1 << 20  # values summed at a time into int64 (see _running_total)
+
 
 @dataclass
 class TokenStore:
@@ -44,9 +46,11 @@ class TokenStore:
     def from_spills(cls, cache_dir: Path, spills: list["Spilled"], rejected: np.ndarray) -> "TokenStore":
         """The store of every part's spill, in part order; ``rejected``: the sorted numbers of the
         input records that are not sequences."""
-        lengths = np.concatenate([np.zeros(0, np.int32)] + [s.lengths for s in spills])
-        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-        np.cumsum(lengths, dtype=np.int64, out=offsets[1:])
+        offsets = np.zeros(sum(len(s.lengths) for s in spills) + 1, dtype=np.int64)
+        at = 0
+        for spill in spills:
+            _running_total(spill.lengths, offsets[at + 1 : at + 1 + len(spill.lengths)], offsets[at])
+            at += len(spill.lengths)
         part_tokens = np.array([s.lengths.sum(dtype=np.int64) for s in spills], dtype=np.int64)
         part_starts = np.concatenate([[0], np.cumsum(part_tokens)]).astype(np.int64)
         skips = (np.asarray(rejected, dtype=np.int64) - np.arange(len(rejected))).astype(index_dtype(len(offsets)))
@@ -135,13 +139,23 @@ class Segments:
 
     def row_lengths(self) -> np.ndarray:
         totals = np.zeros(len(self.length) + 1, dtype=np.int64)
-        np.cumsum(self.length, dtype=np.int64, out=totals[1:])
+        _running_total(self.length, totals[1:])
         return totals[self.offsets[1:]] - totals[self.offsets[:-1]]
 
     def select(self, first_bin: int, last_bin: int) -> "Segments":
         lo, hi = self.offsets[first_bin], self.offsets[last_bin]
         return Segments(self.item[lo:hi], None if self.start is None else self.start[lo:hi], self.length[lo:hi],
                         self.offsets[first_bin : last_bin + 1] - lo)
+
+
+def _running_total(lengths: np.ndarray, out: np.ndarray, before: int = 0) -> None:
+    """``out[i] = before + lengths[: i + 1].sum()`` in ``out``'s int64, a block at a time: a cumsum of
+    int32 into int64 first casts every value, 8 bytes a sequence more than the result."""
+    for lo in range(0, len(lengths), RUNNING_BLOCK):
+        block = out[lo : lo + RUNNING_BLOCK]
+        np.cumsum(lengths[lo : lo + RUNNING_BLOCK], out=block)
+        block += before
+        before = block[-1]
 
 
 def materialize(store: TokenStore, segments: Segments) -> pa.Table:

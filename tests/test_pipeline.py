@@ -173,6 +173,23 @@ def test_the_driver_holds_16_bytes_a_sequence_while_shards_are_written(tmp_path,
         source for row in rows for source in row["source_index"])
 
 
+def test_the_token_store_numbers_sequences_by_the_records_not_rejected(monkeypatch):
+    import numpy as np
+
+    from packprep import materialize
+    from packprep.materialize import Segments, Spilled, TokenStore
+
+    monkeypatch.setattr(materialize, "RUNNING_BLOCK", 3)  # offsets summed across blocks and parts
+    parts = [[5, 1, 7, 2], [], [3, 3, 3, 3, 3, 3, 9]]
+    store = TokenStore.from_spills(Path("unused"), [Spilled(np.array(p, np.int32)) for p in parts], np.array([1, 2, 9]))
+    lengths = sum(parts, [])
+    assert store.offsets.tolist() == [0] + np.cumsum(lengths).tolist() and store.lengths.tolist() == lengths
+    assert store.part_starts.tolist() == [0, 15, 15, 42]
+    assert store.source_index(np.arange(11, dtype=np.int32)).tolist() == [0, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13]
+    segments = Segments(np.arange(11, dtype=np.int32), None, np.array(lengths, np.int32), np.array([0, 2, 3, 11]))
+    assert segments.row_lengths().tolist() == [6, 7, 29]
+
+
 def test_shards_hold_at_most_shard_size_and_an_oversized_row_alone():
     import numpy as np
 
