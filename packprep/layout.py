@@ -186,15 +186,16 @@ class ShardReader:
         wanted = {k: v for v, k in self._stored.items()}  # canonical -> stored
         return [wanted.get(c, c) for c in columns]
 
-    def tables(self, columns: Sequence[str] | None = None) -> Iterator["pa.Table"]:
-        """The rows one row group (Parquet) or record batch (Arrow) at a time: bounded memory."""
+    def tables(self, columns: Sequence[str] | None = None, threads: bool = True) -> Iterator["pa.Table"]:
+        """The rows one row group (Parquet) or record batch (Arrow) at a time: bounded memory.
+        ``threads``: decode a row group's columns on Arrow's thread pool (one thread a core)."""
         import pyarrow as pa
 
         stored = self._select(columns)
         if self.is_parquet:
             parquet = self._parquet()
             for i in range(parquet.num_row_groups):
-                yield self._canonical(parquet.read_row_group(i, columns=stored))
+                yield self._canonical(parquet.read_row_group(i, columns=stored, use_threads=threads))
         else:
             reader = self._ipc()
             for batch in _batches(reader):

@@ -35,10 +35,11 @@ BYTES_PER_TOKEN = 12  # input_ids + labels + position_ids, int32 each
 BYTES_PER_SEQUENCE = 12  # seq_lens int32 + source_index int64
 ROW_GROUP_TOKENS = 1 << 19  # ~6 MB uncompressed: a writer's memory grows with its row group (~200 B a token)
 # A shard writer holds a row group, the Parquet writer's encoding and compression buffers and,
-# when it reads its shard back to check it, the reader's: measured 75-80 MiB private memory a
-# writer at 512k-token row groups, once Arrow's process-wide state is made before the fork
-# (:func:`_arrow_ready`; 115 MiB without). The parallel writers get at most WRITERS_MEMORY between
-# them: 16 writers.
+# when it reads its shard back to check it, the reader's: measured ~68 MiB PSS a writer on 16 cores
+# at 512k-token row groups (12 writers: the tree 1,229 MiB with a 409 MiB driver), once Arrow's
+# process-wide state is made before the fork (:func:`_arrow_ready`) and the check decodes on one
+# thread (~104 MiB with Arrow's thread a core, ~115 without the warm-up). The parallel writers get
+# at most WRITERS_MEMORY between them: 16 writers.
 WRITER_BYTES = 80 << 20
 WRITERS_MEMORY = 5 << 28  # 1.25 GiB
 
