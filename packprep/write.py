@@ -195,10 +195,8 @@ def _arrow_ready() -> None:
     """Have Arrow set up its process-wide state here, before the writers fork: its first array and
     first Parquet write allocate ~60 MiB (the compute function registry, the codec), which forked
     writers then share instead of each making a copy of its own."""
-    offsets = pa.array(np.array([0, 2], np.int32))
-    ids = pa.array(np.zeros(2, np.int32), pa.int32())
-    columns = [pa.ListArray.from_arrays(offsets, ids)] * 4 + [pa.ListArray.from_arrays(offsets, ids.cast(pa.int64()))]
-    table = pa.Table.from_arrays(columns, schema=ROW_SCHEMA)
+    row = {"input_ids": [0, 0], "labels": [0, 0], "position_ids": [0, 1], "seq_lens": [2], "source_index": [0]}
+    table = pa.Table.from_pylist([row], schema=ROW_SCHEMA)
     pc.sum(pc.not_equal(pc.list_flatten(table.column("labels")), -100))
     sink = pa.BufferOutputStream()
     with shard_writer(sink, "parquet") as write:
