@@ -186,21 +186,31 @@ class ShardReader:
         wanted = {k: v for v, k in self._stored.items()}  # canonical -> stored
         return [wanted.get(c, c) for c in columns]
 
-    def tables(self, columns: Sequence[str] | None = None, threads: bool = True) -> Iterator["pa.Table"]:
+    def tables(self, columns: Sequence[str] | None = None, threads: bool = True,
+               groups: range | None = None) -> Iterator["pa.Table"]:
         """The rows one row group (Parquet) or record batch (Arrow) at a time: bounded memory.
-        ``threads``: decode a row group's columns on Arrow's thread pool (one thread a core)."""
+        ``threads``: decode a row group's columns on Arrow's thread pool (one thread a core).
+        ``groups``: only these row groups (record batches)."""
         import pyarrow as pa
 
         stored = self._select(columns)
         if self.is_parquet:
             parquet = self._parquet()
-            for i in range(parquet.num_row_groups):
+            for i in groups if groups is not None else range(parquet.num_row_groups):
                 yield self._canonical(parquet.read_row_group(i, columns=stored, use_threads=threads))
         else:
             reader = self._ipc()
-            for batch in _batches(reader):
-                table = pa.Table.from_batches([batch], reader.schema)
-                yield self._canonical(table.select(stored) if stored is not None else table)
+            for i, batch in enumerate(_batches(reader)):
+                if groups is None or i in groups:
+                    table = pa.Table.from_batches([batch], reader.schema)
+                    yield self._canonical(table.select(stored) if stored is not None else table)
+
+    def rows_before(self, group: int) -> int:
+        """The rows in the row groups (record batches) before ``group``."""
+        if self.is_parquet:
+            metadata = self._parquet().metadata
+            return sum(metadata.row_group(i).num_rows for i in range(group))
+        return sum(batch.num_rows for _, batch in zip(range(group), _batches(self._ipc())))
 
     def read(self, columns: Sequence[str] | None = None) -> "pa.Table":
         """The whole shard (or some columns) as one table."""

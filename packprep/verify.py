@@ -152,28 +152,46 @@ def verify(folder: str | Path, check_hashes: bool = True, retokenize: int = 0, s
     return report
 
 
-def check_shard(context: ShardContext, shard: dict) -> ShardCheck:
-    """Check one shard the manifest lists (``shard``: its manifest entry), one row group at a time."""
+def check_shard(context: ShardContext, shard: dict, groups: tuple[int, int] | None = None) -> ShardCheck:
+    """Check one shard the manifest lists (``shard``: its manifest entry), one row group at a time.
+    ``groups``: only row groups ``[first, last)``, a part of the shard checked beside the others;
+    :func:`joined_check` adds the parts up and judges the shard's row count."""
     check = ShardCheck()
     path = context.folder / shard["path"]
     if not path.is_file():
         check.failures.append(Failure("shard_file", "listed in the manifest but missing", shard["path"]))
         check.complete = False
         return check
-    if context.check_hashes and file_sha256(path) != shard["sha256"]:
+    if context.check_hashes and not (groups and groups[0]) and file_sha256(path) != shard["sha256"]:
         check.failures.append(Failure("shard_file", "sha256 differs from the manifest", shard["path"]))
-    sources = []
-    for table in _shard_tables(path, check.failures, shard["path"], context.layout):  # bounded memory
-        if table is None or not _check_rows(table, shard["path"], context, check, sources, first_row=check.rows):
+    sources, first_row = [], 0
+    for table in _shard_tables(path, check.failures, shard["path"], context.layout, groups):  # bounded memory
+        if isinstance(table, int):
+            first_row = table
+            continue
+        if table is None or not _check_rows(table, shard["path"], context, check, sources,
+                                            first_row=first_row + check.rows):
             check.complete = False
             break
-    else:
-        if check.rows != shard["rows"]:
-            check.failures.append(
-                Failure("shard_file", f"{check.rows} rows, manifest says {shard['rows']}", shard["path"])
-            )
     if sources:  # the smallest integer type that holds every record index: less to send back
         check.sources = np.unique(np.concatenate(sources)).astype(np.min_scalar_type(context.records))
+    return check if groups else joined_check([check], shard)
+
+
+def joined_check(parts: list[ShardCheck], shard: dict) -> ShardCheck:
+    """One shard's check from the checks of its parts, in order; its row count judged against the manifest."""
+    check = ShardCheck(complete=all(part.complete for part in parts))
+    for part in parts:
+        check.failures += part.failures
+        check.rows += part.rows
+        check.sequences += part.sequences
+        check.tokens += part.tokens
+        check.supervised += part.supervised
+    sources = [part.sources for part in parts if len(part.sources)]
+    if sources:
+        check.sources = np.unique(np.concatenate(sources))
+    if check.complete and check.rows != shard["rows"]:
+        check.failures.append(Failure("shard_file", f"{check.rows} rows, manifest says {shard['rows']}", shard["path"]))
     return check
 
 
@@ -224,13 +242,14 @@ def _check_listed_files(folder: Path, manifest: dict, report: Report) -> None:
             report.failures.append(Failure("shard_file", "sha256 differs from the manifest", name))
 
 
-def _shard_tables(path: Path, failures: list[Failure], name: str, layout=None) -> Iterator[pa.Table | None]:
+def _shard_tables(path: Path, failures: list[Failure], name: str, layout=None,
+                  groups: tuple[int, int] | None = None) -> Iterator[pa.Table | int | None]:
     """The shard's rows (canonical names), one row group (Parquet) or record batch (Arrow) at a
-    time; None (after recording why) where it cannot be read or has the wrong schema."""
+    time, after the number of rows before them; None (after recording why) where it cannot be read
+    or has the wrong schema."""
     try:
         reader = ShardReader(path, layout)
         schema = reader.schema
-        chunks = reader.tables(threads=False)  # a check is an engine task, one CPU: not a thread a core in each
         if not schema.equals(ROW_SCHEMA):
             failures.append(
                 Failure("schema", f"columns {schema.to_string(show_schema_metadata=False)!r} "
@@ -238,7 +257,9 @@ def _shard_tables(path: Path, failures: list[Failure], name: str, layout=None) -
             )
             yield None
             return
-        for table in chunks:
+        yield reader.rows_before(groups[0]) if groups else 0
+        # a check is an engine task, one CPU: not a thread a core in each
+        for table in reader.tables(threads=False, groups=range(*groups) if groups else None):
             yield table.combine_chunks()
     except Exception as exc:
         failures.append(Failure("shard_file", f"unreadable: {exc}", name))

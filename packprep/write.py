@@ -14,7 +14,7 @@ import re
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 from .errors import ConfigError, OutputError
 from .layout import ROW_SCHEMA
 from .materialize import Segments, TokenStore, materialize
-from .read import file_sha256
+from .join import join_pieces
 
 if TYPE_CHECKING:  # pragma: no cover
     from .engines import Engine
@@ -34,13 +34,15 @@ SHARD_FORMATS = ("parquet", "arrow")
 BYTES_PER_TOKEN = 12  # input_ids + labels + position_ids, int32 each
 BYTES_PER_SEQUENCE = 12  # seq_lens int32 + source_index int64
 ROW_GROUP_TOKENS = 1 << 19  # ~6 MB uncompressed: a writer's memory grows with its row group (~200 B a token)
-# A shard writer holds a row group, the Parquet writer's encoding and compression buffers and,
-# when it reads its shard back to check it, the reader's: measured ~68 MiB PSS a writer on 16 cores
-# at 512k-token row groups (12 writers: the tree 1,229 MiB with a 409 MiB driver), once Arrow's
-# process-wide state is made before the fork (:func:`_arrow_ready`) and the check decodes on one
-# thread (~104 MiB with Arrow's thread a core, ~115 without the warm-up). The parallel writers get
-# at most WRITERS_MEMORY between them: 16 writers.
+# A writer (a piece's, or a check's) holds a row group, the Parquet writer's or reader's encoding
+# and compression buffers: measured ~68 MiB PSS a writer on 16 cores at 512k-token row groups
+# (12 writers: the tree 1,229 MiB with a 409 MiB driver), once Arrow's process-wide state is made
+# before the fork (:func:`_arrow_ready`) and the check decodes on one thread (~104 MiB with Arrow's
+# thread a core, ~115 without the warm-up). The parallel writers get at most WRITERS_MEMORY between
+# them: 16 writers.
 WRITER_BYTES = 80 << 20
+PIECE_GROUPS = 8  # row groups a write task (~4M tokens): a shard of ~80 is written by up to 10 workers
+PIECES = ".pieces"  # the pieces' folder, beside data/ in the staging folder
 WRITERS_MEMORY = 5 << 28  # 1.25 GiB
 
 
@@ -164,28 +166,46 @@ def write_shards(
     check: "ShardContext | None" = None,
 ) -> tuple[list[dict], list]:
     """Write all rows of ``segments`` as shards under ``folder/data``; return their manifest entries
-    and, with ``check``, each shard's :func:`packprep.verify.check_shard` result: a writer reads back
-    and checks what it wrote while the others still write.
+    and, with ``check``, each shard's :func:`packprep.verify.check_shard` result, read back from
+    the file.
 
-    The shards are written by ``engine``'s workers (default: this process), one shard a task; every
-    shard is written the same way whoever writes it, so the bytes do not depend on the engine.
+    Three stages of ``engine``'s workers (default: this process): every shard is cut into pieces
+    of ``PIECE_GROUPS`` row groups, written side by side (:func:`write_piece`), so that all cores
+    write however few the shards are; each shard's pieces are joined into it (:func:`join_shard`);
+    with ``check``, each piece's row groups are read back from the shard and checked
+    (:func:`check_part`). A joined shard is byte for byte what one writer makes (``packprep.join``),
+    so the bytes depend neither on the engine nor on the number of workers.
     Memory: each writer holds one row group (``ROW_GROUP_TOKENS`` tokens) and its Parquet buffers,
     and at most ``WRITERS_MEMORY // WRITER_BYTES`` writers run at once.
     """
     from .engines import LocalEngine
 
+    engine = engine or LocalEngine()
     _arrow_ready()
     row_lengths = segments.row_lengths()
     plan = plan_shards(row_lengths, np.diff(segments.offsets), shard_bytes)
     job = ShardJob(folder, store, segments, max_len, shard_format, len(plan), check)
+    (folder / PIECES).mkdir()
+    pieces = [(index, number, lo, min(last, lo + job.rows_per_piece)) for index, (first, last) in enumerate(plan)
+              for number, lo in enumerate(range(first, last, job.rows_per_piece))]
     writers = max(1, WRITERS_MEMORY // WRITER_BYTES)
-    entries, checks = [], []
-    for (first, last), (entry, checked) in zip(plan, (engine or LocalEngine()).map(write_shard, job, [
-            (index, first, last) for index, (first, last) in enumerate(plan)], workers=writers)):
-        entries.append(entry)
-        checks.append(checked)
+    written = np.zeros((len(plan), 3), np.int64)  # a shard's pieces, tokens, supervised tokens
+    for (index, _, lo, hi), counts in zip(pieces, engine.map(write_piece, job, pieces, workers=writers)):
+        written[index] += (1, *counts)
         if progress is not None:
-            progress.update(last - first, entry["tokens"])
+            progress.update(hi - lo, counts[0])
+    shards = [(index, first, last, *map(int, written[index])) for index, (first, last) in enumerate(plan)]
+    entries = list(engine.map(join_shard, job, shards, workers=writers))
+    checks = [None] * len(entries)
+    if check is not None:  # each piece's row groups read back from the joined shard, beside the others
+        from .verify import joined_check
+
+        parts = [(entries[index], job.piece_groups(lo - plan[index][0], hi - lo)) for index, _, lo, hi in pieces]
+        checked: list[list] = [[] for _ in entries]
+        for (index, *_), part in zip(pieces, engine.map(check_part, check, parts, workers=writers)):
+            checked[index].append(part)
+        checks = [joined_check(parts, entry) for parts, entry in zip(checked, entries)]
+    (folder / PIECES).rmdir()
     if shard_format == "arrow":
         write_arrow_dataset_state(folder / "data", entries)
     return entries, checks
@@ -210,38 +230,51 @@ class ShardJob:
     def __init__(self, folder, store, segments, max_len, shard_format, count, check=None):
         self.folder, self.store, self.segments = folder, store, segments
         self.rows_per_group = max(1, ROW_GROUP_TOKENS // max(1, max_len))
+        self.rows_per_piece = self.rows_per_group * PIECE_GROUPS
         self.shard_format, self.count, self.check = shard_format, count, check
 
+    def piece_groups(self, first_row: int, rows: int) -> tuple[int, int]:
+        """The row groups ``[first, last)`` of a piece that starts at row ``first_row`` of its shard."""
+        first = first_row // self.rows_per_group
+        return first, first + -(-rows // self.rows_per_group)
 
-def write_shard(job: ShardJob, shard: tuple[int, int, int]) -> tuple[dict, Any]:
-    """The write stage: write rows ``[first, last)`` as shard ``index``; return its manifest entry
-    and, if the job says so, the check of the shard as written (read back from the file)."""
-    index, first, last = shard
-    name = shard_name(index, job.count, job.shard_format)
-    path = job.folder / name
+    def piece_path(self, index: int, number: int) -> Path:
+        return self.folder / PIECES / f"{index:05d}-{number:05d}.{self.shard_format}"
+
+
+def write_piece(job: ShardJob, piece: tuple[int, int, int, int]) -> tuple[int, int]:
+    """The write stage: write rows ``[lo, hi)`` as piece ``number`` of shard ``index``, a row
+    group at a time; return its tokens and supervised tokens."""
+    index, number, lo, hi = piece
     supervised = tokens = 0
-    with shard_writer(path, job.shard_format) as write:
-        for lo in range(first, last, job.rows_per_group):  # one row group in memory at a time
-            table = materialize(job.store, job.segments.select(lo, min(last, lo + job.rows_per_group)))
+    with shard_writer(job.piece_path(index, number), job.shard_format) as write:
+        for start in range(lo, hi, job.rows_per_group):  # one row group in memory at a time
+            table = materialize(job.store, job.segments.select(start, min(hi, start + job.rows_per_group)))
             labels = pc.list_flatten(table.column("labels"))
             supervised += pc.sum(pc.not_equal(labels, -100)).as_py() or 0
             tokens += len(labels)
             write(table)
-    entry = {
-        "path": name,
-        "rows": last - first,
-        "tokens": tokens,
-        "supervised_tokens": supervised,
-        "bytes": path.stat().st_size,
-        "sha256": file_sha256(path),
-    }
-    checked = None
-    if job.check is not None:
-        from .verify import check_shard
+    pa.default_memory_pool().release_unused()  # what Arrow kept for this piece is not held through the next
+    return tokens, supervised
 
-        checked = check_shard(job.check, entry)
-    pa.default_memory_pool().release_unused()  # what Arrow kept for this shard is not held through the next
-    return entry, checked
+
+def join_shard(job: ShardJob, shard: tuple[int, int, int, int, int, int]) -> dict:
+    """The join stage: join shard ``index``'s pieces into it; return its manifest entry."""
+    index, first, last, pieces, tokens, supervised = shard
+    name = shard_name(index, job.count, job.shard_format)
+    path = job.folder / name
+    sha256 = join_pieces([job.piece_path(index, number) for number in range(pieces)], path, job.shard_format)
+    return {"path": name, "rows": last - first, "tokens": tokens, "supervised_tokens": supervised,
+            "bytes": path.stat().st_size, "sha256": sha256}
+
+
+def check_part(context: "ShardContext", part: tuple[dict, tuple[int, int]]):
+    """The check stage: :func:`packprep.verify.check_shard` of some row groups of a written shard."""
+    from .verify import check_shard
+
+    checked = check_shard(context, *part)
+    pa.default_memory_pool().release_unused()
+    return checked
 
 
 @contextmanager
