@@ -205,6 +205,13 @@ class ShardReader:
                     table = pa.Table.from_batches([batch], reader.schema)
                     yield self._canonical(table.select(stored) if stored is not None else table)
 
+    @property
+    def num_groups(self) -> int:
+        """Row groups (Parquet) or record batches (Arrow)."""
+        if self.is_parquet:
+            return self._parquet().metadata.num_row_groups
+        return sum(1 for _ in _batches(self._ipc()))
+
     def rows_before(self, group: int) -> int:
         """The rows in the row groups (record batches) before ``group``."""
         if self.is_parquet:

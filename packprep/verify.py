@@ -40,6 +40,7 @@ from .layout import ROW_SCHEMA, LayoutError, ShardReader, list_column, readable_
 from .normalize import load_schema
 from .read import file_sha256
 
+CHECK_GROUPS = 8  # row groups a check task reads (~4M tokens): a 500 MB shard is checked by up to ~10 workers
 CHECKS = (
     "manifest",
     "layout",
@@ -115,7 +116,7 @@ def verify(folder: str | Path, check_hashes: bool = True, retokenize: int = 0, s
     the manifest names and compares ids and labels (the inputs must be readable from here).
     ``engine`` checks the shards in parallel (default: one by one in this process); the report
     is the same with any engine. ``checked``: the manifest's shards already checked, in its order
-    (``pack``'s writers check each shard they wrote, reading it back); only the totals are left.
+    (``pack`` checks the shards it wrote, reading them back); only the totals are left.
     """
     folder = Path(folder)
     report = Report()
@@ -130,9 +131,8 @@ def verify(folder: str | Path, check_hashes: bool = True, retokenize: int = 0, s
     # Totals (coverage, row/token counts) are only judged when every shard could be read and its
     # rows checked: otherwise they would only repeat the failure above as a second, wrong one.
     complete = True
-    shards = manifest["shards"]  # (no more workers than shards: a single shard is checked here, unforked)
     if checked is None:
-        checked = (engine or LocalEngine(1)).map(check_shard, context, shards, workers=max(1, len(shards)))
+        checked = check_shards(context, manifest["shards"], engine or LocalEngine(1))
     for shard in checked:
         report.failures.extend(shard.failures)
         report.rows += shard.rows
@@ -150,6 +150,35 @@ def verify(folder: str | Path, check_hashes: bool = True, retokenize: int = 0, s
         report.retokenized, failures = retokenize_check(folder, manifest, retokenize, seed)
         report.failures.extend(Failure("retokenize", message, shard, row) for shard, message, row in failures)
     return report
+
+
+def check_shards(context: ShardContext, shards: list[dict], engine: Engine, workers: int | None = None) -> list[ShardCheck]:
+    """Each shard's check, in order, ``CHECK_GROUPS`` row groups a task: every worker checks,
+    however few the shards are. (No more workers than tasks: a single one runs here, unforked.)"""
+    owners, parts = zip(*[(n, (shard, groups)) for n, shard in enumerate(shards)
+                          for groups in _group_runs(context, shard)]) if shards else ((), ())
+    checked: list[list[ShardCheck]] = [[] for _ in shards]
+    workers = min(len(parts), workers or len(parts))
+    for n, part in zip(owners, engine.map(check_part, context, parts, workers=max(1, workers))):
+        checked[n].append(part)
+    return [joined_check(parts, shard) for parts, shard in zip(checked, shards)]
+
+
+def _group_runs(context: ShardContext, shard: dict) -> list[tuple[int, int] | None]:
+    """The runs of row groups a shard is checked in; [None] (the whole shard, one task) where the
+    footer cannot be read: that task reports why."""
+    try:
+        groups = ShardReader(context.folder / shard["path"], context.layout).num_groups
+    except Exception:
+        return [None]
+    return [(first, min(groups, first + CHECK_GROUPS)) for first in range(0, groups, CHECK_GROUPS)] or [None]
+
+
+def check_part(context: ShardContext, part: tuple[dict, tuple[int, int] | None]) -> ShardCheck:
+    """The check stage: :func:`check_shard` of some row groups of a shard."""
+    checked = check_shard(context, *part)
+    pa.default_memory_pool().release_unused()  # a worker checks many parts: what one held is not kept
+    return checked
 
 
 def check_shard(context: ShardContext, shard: dict, groups: tuple[int, int] | None = None) -> ShardCheck:
@@ -175,7 +204,7 @@ def check_shard(context: ShardContext, shard: dict, groups: tuple[int, int] | No
             break
     if sources:  # the smallest integer type that holds every record index: less to send back
         check.sources = np.unique(np.concatenate(sources)).astype(np.min_scalar_type(context.records))
-    return check if groups else joined_check([check], shard)
+    return check if groups else joined_check([check], shard)  # (a whole shard's count is judged here)
 
 
 def joined_check(parts: list[ShardCheck], shard: dict) -> ShardCheck:

@@ -172,8 +172,8 @@ def write_shards(
     Three stages of ``engine``'s workers (default: this process): every shard is cut into pieces
     of ``PIECE_GROUPS`` row groups, written side by side (:func:`write_piece`), so that all cores
     write however few the shards are; each shard's pieces are joined into it (:func:`join_shard`);
-    with ``check``, each piece's row groups are read back from the shard and checked
-    (:func:`check_part`). A joined shard is byte for byte what one writer makes (``packprep.join``),
+    with ``check``, the shards are read back and checked a few row groups a task
+    (:func:`packprep.verify.check_shards`). A joined shard is byte for byte what one writer makes (``packprep.join``),
     so the bytes depend neither on the engine nor on the number of workers.
     Memory: each writer holds one row group (``ROW_GROUP_TOKENS`` tokens) and its Parquet buffers,
     and at most ``WRITERS_MEMORY // WRITER_BYTES`` writers run at once.
@@ -197,14 +197,10 @@ def write_shards(
     shards = [(index, first, last, *map(int, written[index])) for index, (first, last) in enumerate(plan)]
     entries = list(engine.map(join_shard, job, shards, workers=writers))
     checks = [None] * len(entries)
-    if check is not None:  # each piece's row groups read back from the joined shard, beside the others
-        from .verify import joined_check
+    if check is not None:  # read back from the joined shards, a few row groups a task
+        from .verify import check_shards
 
-        parts = [(entries[index], job.piece_groups(lo - plan[index][0], hi - lo)) for index, _, lo, hi in pieces]
-        checked: list[list] = [[] for _ in entries]
-        for (index, *_), part in zip(pieces, engine.map(check_part, check, parts, workers=writers)):
-            checked[index].append(part)
-        checks = [joined_check(parts, entry) for parts, entry in zip(checked, entries)]
+        checks = check_shards(check, entries, engine, workers=writers)
     (folder / PIECES).rmdir()
     if shard_format == "arrow":
         write_arrow_dataset_state(folder / "data", entries)
@@ -232,11 +228,6 @@ class ShardJob:
         self.rows_per_group = max(1, ROW_GROUP_TOKENS // max(1, max_len))
         self.rows_per_piece = self.rows_per_group * PIECE_GROUPS
         self.shard_format, self.count, self.check = shard_format, count, check
-
-    def piece_groups(self, first_row: int, rows: int) -> tuple[int, int]:
-        """The row groups ``[first, last)`` of a piece that starts at row ``first_row`` of its shard."""
-        first = first_row // self.rows_per_group
-        return first, first + -(-rows // self.rows_per_group)
 
     def piece_path(self, index: int, number: int) -> Path:
         return self.folder / PIECES / f"{index:05d}-{number:05d}.{self.shard_format}"
@@ -266,15 +257,6 @@ def join_shard(job: ShardJob, shard: tuple[int, int, int, int, int, int]) -> dic
     sha256 = join_pieces([job.piece_path(index, number) for number in range(pieces)], path, job.shard_format)
     return {"path": name, "rows": last - first, "tokens": tokens, "supervised_tokens": supervised,
             "bytes": path.stat().st_size, "sha256": sha256}
-
-
-def check_part(context: "ShardContext", part: tuple[dict, tuple[int, int]]):
-    """The check stage: :func:`packprep.verify.check_shard` of some row groups of a written shard."""
-    from .verify import check_shard
-
-    checked = check_shard(context, *part)
-    pa.default_memory_pool().release_unused()
-    return checked
 
 
 @contextmanager

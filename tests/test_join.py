@@ -4,6 +4,7 @@ one writer makes: checked against pyarrow's own writer, for random cuts, in both
 from __future__ import annotations
 
 import hashlib
+import sys
 
 import numpy as np
 import pyarrow as pa
@@ -18,6 +19,9 @@ from packprep.layout import ROW_SCHEMA
 from packprep.write import shard_writer
 
 from .conftest import EXAMPLE_CHATS, EXAMPLE_TOKENIZER
+from .test_verify import RecordingEngine
+
+verify_module = sys.modules["packprep.verify"]  # (the name packprep.verify is the function)
 
 GROUPS = 20
 
@@ -114,7 +118,12 @@ def test_pack_writes_shards_in_pieces_with_one_writers_bytes(tmp_path, monkeypat
         assert again.read_bytes() == path.read_bytes()
     assert max(groups) > 2 * 2, "shards of several pieces"
     assert not (tmp_path / "out3" / ".pieces").exists()
-    assert packprep.verify(tmp_path / "out3").ok
+    engine = RecordingEngine()  # verify checks a shard a few row groups a task, every group once
+    monkeypatch.setattr(verify_module, "CHECK_GROUPS", 3)
+    assert packprep.verify(tmp_path / "out3", engine=engine).ok
+    for shard, count in zip(manifests[1]["shards"], groups):
+        runs = [run for _, path, run in engine.tasks if path == shard["path"]]
+        assert runs == [(a, min(a + 3, count)) for a in range(0, count, 3)]
 
 
 def test_a_shard_checked_in_parts_fails_like_one_checked_whole(tmp_path, groups):

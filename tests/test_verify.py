@@ -28,7 +28,7 @@ from packprep.engines import LocalEngine
 from packprep.errors import EXIT_VERIFY
 from packprep.materialize import ROW_SCHEMA
 from packprep.read import file_sha256
-from packprep.verify import CHECKS, Report, check_shard, verify
+from packprep.verify import CHECKS, Report, check_part, verify
 
 from .conftest import EXAMPLE_CHATS, EXAMPLE_TOKENIZER, FIXTURES, fixture_tokenizer
 
@@ -59,7 +59,7 @@ class RecordingEngine(LocalEngine):
 
     def map(self, fn, context, items, workers=None):
         items = list(items)
-        self.tasks.extend((fn, item["path"]) for item in items)
+        self.tasks.extend((fn, shard["path"], groups) for shard, groups in items)
         return super().map(fn, pickle.loads(pickle.dumps(context)), items, workers)
 
 
@@ -106,13 +106,15 @@ def rewrite(folder: Path, rows: list[dict], index: int = TARGET, schema: pa.Sche
 
 def verify_both(folder: Path) -> Report:
     """The inline report, once the parallel one is found equal to it (failures in the same order)
-    and every shard the manifest lists was handed to the engine, in manifest order."""
+    and every shard the manifest lists was handed to the engine as check tasks, in manifest order."""
     engine = RecordingEngine()
     parallel = verify(folder, engine=engine)
     inline = verify(folder)
     assert parallel == inline, ([str(f) for f in parallel.failures], [str(f) for f in inline.failures])
     if not {f.check for f in inline.failures} & {"manifest", "layout"}:  # (else no shard is read)
-        assert engine.tasks == [(check_shard, shard["path"]) for shard in load_manifest(folder)["shards"]]
+        assert {fn for fn, *_ in engine.tasks} == {check_part}
+        assert list(dict.fromkeys(path for _, path, _ in engine.tasks)) == [
+            shard["path"] for shard in load_manifest(folder)["shards"]]
     return inline
 
 
