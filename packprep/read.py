@@ -178,17 +178,25 @@ def read_records(source: Source) -> Iterator[Record]:
 
 
 def first_records(source: Source, count: int) -> list[Record]:
-    """The first ``count`` records of ``source`` without reading the rest (format detection): a
-    large JSON array is read an item at a time rather than loaded whole (13 s and 4 GiB for 1.5 GB).
-    Where that reader stops on an error, the whole-file reader's own message is what the user sees."""
-    if (source.kind in ("json", "jsonl") and not source.path.endswith(COMPRESSED_SUFFIXES)
+    """The first ``count`` records of ``source`` without reading the rest (format detection)."""
+    return list(itertools.islice(stream_records(source), count))
+
+
+def stream_records(source: Source) -> Iterator[Record]:
+    """The records of ``source`` in file order, like :func:`read_records`, but a large JSON array
+    an item at a time rather than loaded whole (13 s and 4 GiB for 1.5 GB). Where that reader
+    fails, the whole-file reader's own message is what the user sees."""
+    if not (source.kind in ("json", "jsonl") and not source.path.endswith(COMPRESSED_SUFFIXES)
             and _first_character(source.path) == "["):
-        part = Part(0, 0, source.path, "json-range", 0, os.path.getsize(source.path))
-        try:
-            return list(itertools.islice(_json_range_records(part), count))
-        except InputError:
-            pass
-    return list(itertools.islice(read_records(source), count))
+        yield from read_records(source)
+        return
+    done = 0
+    try:
+        for record in _json_range_records(Part(0, 0, source.path, "json-range", 0, os.path.getsize(source.path))):
+            yield record
+            done += 1
+    except InputError:  # the whole-file reader says what is wrong, or reads what the item reader cannot
+        yield from itertools.islice(read_records(source), done, None)
 
 
 def _open_binary(path: str) -> io.RawIOBase:

@@ -19,7 +19,7 @@ import numpy as np
 
 from .layout import ShardReader
 from .normalize import FieldNames, Policy, Rejected, detect_format, fit_to_template, normalize
-from .read import file_sha256, read_records, resolve_inputs
+from .read import file_sha256, resolve_inputs, stream_records
 from .render import ChatTemplate, Rendered, render_conversation
 from .tokenize import IGNORE_INDEX, load_tokenizer
 
@@ -114,7 +114,7 @@ def _records(manifest: dict, wanted: list[int]) -> dict[int, tuple[str, object, 
                 why = f"{path} changed since it was packed (sha256 differs)"
             else:
                 (source,) = resolve_inputs([path])
-                records = {k: r for k, r in enumerate(islice(read_records(source), max(mine) + 1)) if k in mine}
+                records = {k: r for k, r in enumerate(islice(stream_records(source), max(mine) + 1)) if k in mine}
         except Exception as exc:  # the input moved, or cannot be read from here
             why = f"cannot read {path} ({exc}); run verify where pack ran"
         for k, i in mine.items():
