@@ -142,13 +142,17 @@ class ShardReader:
         self.path = Path(path)
         self.layout = readable_layout(layout, where=f"{self.path}: ") if layout is not None else None
         self._stored = {v: k for k, v in self.layout.renames.items()} if self.layout else {}
+        self._opened = None  # the Parquet file, once opened
 
     def _parquet(self):
         import pyarrow.parquet as pq
 
         # read, not memory-mapped: a map keeps every page of the shard it touched resident in this
-        # process, so reading a shard row group by row group would still end up holding all of it
-        return pq.ParquetFile(self.path)
+        # process, so reading a shard row group by row group would still end up holding all of it.
+        # Opened once: a footer of many row groups takes milliseconds to parse.
+        if self._opened is None:
+            self._opened = pq.ParquetFile(self.path)
+        return self._opened
 
     def _ipc(self):
         import pyarrow as pa

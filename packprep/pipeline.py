@@ -130,9 +130,9 @@ def pack(
 
 def _pack_into(folder: OutputFolder, encoding: Encoding, config: PackConfig, layout, engine: Engine,
                progress: bool) -> dict:
-    with folder.staging() as tmp, ThreadPoolExecutor(1) as hasher:
+    with folder.staging() as tmp, ThreadPoolExecutor(1) as background:
         # the inputs' sha256 for the manifest, read beside the workers instead of after them
-        hashes = hasher.submit(lambda: [file_sha256(s.path) if os.path.isfile(s.path) else None
+        hashes = background.submit(lambda: [file_sha256(s.path) if os.path.isfile(s.path) else None
                                         for s in encoding.sources])
         if layout.name != DEFAULT_LAYOUT:  # canonical rows first, verified, then exported into tmp
             tmp = tmp / ".canonical"
@@ -156,11 +156,13 @@ def _pack_into(folder: OutputFolder, encoding: Encoding, config: PackConfig, lay
         with Progress(progress, segments.offsets.size - 1, "write", "rows") as bar:
             check = ShardContext(tmp, DEFAULT_LAYOUT, config.max_len,
                                  STRATEGY_TABLE[config.strategy].rows_may_exceed_max_len, False, len(ledger.status))
+            # the token cache is removed beside the shards' joins and checks, once no piece needs it
+            removal, cache_dir = [], store.cache_dir
             shards, checked = write_shards(
                 tmp, store, segments, config.max_len, config.shard_format, parse_size(config.shard_size), bar,
-                engine, check,
+                engine, check, lambda: removal.append(background.submit(shutil.rmtree, cache_dir)),
             )
-        shutil.rmtree(store.cache_dir)
+        removal[0].result()
         sequences = len(store)
         del store  # the manifest and verify hold arrays of their own: free these first
         manifest = _manifest(config, encoding, ledger, sequences, segments, shards, hashes.result())

@@ -20,8 +20,9 @@ Checks (each failure names the shard, the row and the check):
 * ``retokenize``   (``retokenize=N``) N random sequences equal their input records rendered and tokenized
                    again with nothing the writer's fast paths use (see retokenize.py)
 
-Shards are checked independently (:func:`check_shard`, a stage of any engine); the driver merges
-their results in manifest order and judges the totals, so the report does not depend on the engine.
+Shards are checked independently (:func:`check_part`, a stage of any engine: a shard, or a run of
+its row groups, a task); the driver merges their results in manifest order and judges the totals,
+so the report does not depend on the engine.
 """
 
 from __future__ import annotations
@@ -34,13 +35,12 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 
-from .engines import Engine, LocalEngine
+from .engines import Engine, LocalEngine, runs_per_item
 from .errors import ConfigError, InputError
 from .layout import ROW_SCHEMA, LayoutError, ShardReader, list_column, readable_layout
 from .normalize import load_schema
 from .read import file_sha256
 
-CHECK_GROUPS = 8  # row groups a check task reads (~4M tokens): a 500 MB shard is checked by up to ~10 workers
 CHECKS = (
     "manifest",
     "layout",
@@ -153,38 +153,41 @@ def verify(folder: str | Path, check_hashes: bool = True, retokenize: int = 0, s
 
 
 def check_shards(context: ShardContext, shards: list[dict], engine: Engine, workers: int | None = None) -> list[ShardCheck]:
-    """Each shard's check, in order, ``CHECK_GROUPS`` row groups a task: every worker checks,
-    however few the shards are. (No more workers than tasks: a single one runs here, unforked.)"""
+    """Each shard's check, in order; where the shards are too few to keep every worker busy, a task
+    checks a run of a shard's row groups (``engines.runs_per_item``). (No more workers than tasks: a
+    single one runs here, unforked.)"""
+    workers = min(engine.workers, workers or engine.workers)
+    per_shard = runs_per_item(len(shards), workers)
     owners, parts = zip(*[(n, (shard, groups)) for n, shard in enumerate(shards)
-                          for groups in _group_runs(context, shard)]) if shards else ((), ())
+                          for groups in _group_runs(context, shard, per_shard)]) if shards else ((), ())
     checked: list[list[ShardCheck]] = [[] for _ in shards]
-    workers = min(len(parts), workers or len(parts))
-    for n, part in zip(owners, engine.map(check_part, context, parts, workers=max(1, workers))):
+    for n, part in zip(owners, engine.map(check_part, context, parts, workers=max(1, min(workers, len(parts))))):
         checked[n].append(part)
     return [joined_check(parts, shard) for parts, shard in zip(checked, shards)]
 
 
-def _group_runs(context: ShardContext, shard: dict) -> list[tuple[int, int] | None]:
-    """The runs of row groups a shard is checked in; [None] (the whole shard, one task) where the
-    footer cannot be read: that task reports why."""
+def _group_runs(context: ShardContext, shard: dict, runs: int) -> list[tuple[int, int] | None]:
+    """The runs of row groups a shard is checked in, at most ``runs``; [None] (the whole shard, one
+    task) for one run, or where the footer cannot be read: that task reports why."""
+    if runs == 1:
+        return [None]
     try:
         groups = ShardReader(context.folder / shard["path"], context.layout).num_groups
     except Exception:
         return [None]
-    return [(first, min(groups, first + CHECK_GROUPS)) for first in range(0, groups, CHECK_GROUPS)] or [None]
+    step = -(-groups // max(1, min(groups, runs)))
+    return [(first, min(groups, first + step)) for first in range(0, groups, step)] or [None]
+
+
+def check_shard(context: ShardContext, shard: dict) -> ShardCheck:
+    """Check one shard the manifest lists (``shard``: its manifest entry), one row group at a time."""
+    return joined_check([check_part(context, (shard, None))], shard)
 
 
 def check_part(context: ShardContext, part: tuple[dict, tuple[int, int] | None]) -> ShardCheck:
-    """The check stage: :func:`check_shard` of some row groups of a shard."""
-    checked = check_shard(context, *part)
-    pa.default_memory_pool().release_unused()  # a worker checks many parts: what one held is not kept
-    return checked
-
-
-def check_shard(context: ShardContext, shard: dict, groups: tuple[int, int] | None = None) -> ShardCheck:
-    """Check one shard the manifest lists (``shard``: its manifest entry), one row group at a time.
-    ``groups``: only row groups ``[first, last)``, a part of the shard checked beside the others;
-    :func:`joined_check` adds the parts up and judges the shard's row count."""
+    """The check stage: check row groups ``[first, last)`` of a shard (None: all of them), one at a
+    time; :func:`joined_check` adds up a shard's parts and judges its row count."""
+    shard, groups = part
     check = ShardCheck()
     path = context.folder / shard["path"]
     if not path.is_file():
@@ -204,7 +207,7 @@ def check_shard(context: ShardContext, shard: dict, groups: tuple[int, int] | No
             break
     if sources:  # the smallest integer type that holds every record index: less to send back
         check.sources = np.unique(np.concatenate(sources)).astype(np.min_scalar_type(context.records))
-    return check if groups else joined_check([check], shard)  # (a whole shard's count is judged here)
+    return check
 
 
 def joined_check(parts: list[ShardCheck], shard: dict) -> ShardCheck:

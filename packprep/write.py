@@ -14,13 +14,14 @@ import re
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from .engines import runs_per_item
 from .errors import ConfigError, OutputError
 from .layout import ROW_SCHEMA
 from .materialize import Segments, TokenStore, materialize
@@ -41,7 +42,6 @@ ROW_GROUP_TOKENS = 1 << 19  # ~6 MB uncompressed: a writer's memory grows with i
 # thread a core, ~115 without the warm-up). The parallel writers get at most WRITERS_MEMORY between
 # them: 16 writers.
 WRITER_BYTES = 80 << 20
-PIECE_GROUPS = 8  # row groups a write task (~4M tokens): a shard of ~80 is written by up to 10 workers
 PIECES = ".pieces"  # the pieces' folder, beside data/ in the staging folder
 WRITERS_MEMORY = 5 << 28  # 1.25 GiB
 
@@ -164,17 +164,19 @@ def write_shards(
     progress=None,
     engine: "Engine | None" = None,
     check: "ShardContext | None" = None,
+    tokens_done: "Callable[[], None] | None" = None,
 ) -> tuple[list[dict], list]:
     """Write all rows of ``segments`` as shards under ``folder/data``; return their manifest entries
-    and, with ``check``, each shard's :func:`packprep.verify.check_shard` result, read back from
+    and, with ``check``, each shard's check (:func:`packprep.verify.check_shards`), read back from
     the file.
 
-    Three stages of ``engine``'s workers (default: this process): every shard is cut into pieces
-    of ``PIECE_GROUPS`` row groups, written side by side (:func:`write_piece`), so that all cores
-    write however few the shards are; each shard's pieces are joined into it (:func:`join_shard`);
+    Three stages of ``engine``'s workers (default: this process): where the shards are too few to
+    keep every worker busy, each is cut into pieces of whole row groups, written side by side
+    (:func:`write_piece`); each shard's pieces are joined into it (:func:`join_shard`);
     with ``check``, the shards are read back and checked a few row groups a task
     (:func:`packprep.verify.check_shards`). A joined shard is byte for byte what one writer makes (``packprep.join``),
-    so the bytes depend neither on the engine nor on the number of workers.
+    so the bytes depend neither on the engine nor on the number of workers. ``tokens_done`` is
+    called once every piece is written: the token store is not read after that.
     Memory: each writer holds one row group (``ROW_GROUP_TOKENS`` tokens) and its Parquet buffers,
     and at most ``WRITERS_MEMORY // WRITER_BYTES`` writers run at once.
     """
@@ -186,14 +188,15 @@ def write_shards(
     plan = plan_shards(row_lengths, np.diff(segments.offsets), shard_bytes)
     job = ShardJob(folder, store, segments, max_len, shard_format, len(plan), check)
     (folder / PIECES).mkdir()
-    pieces = [(index, number, lo, min(last, lo + job.rows_per_piece)) for index, (first, last) in enumerate(plan)
-              for number, lo in enumerate(range(first, last, job.rows_per_piece))]
-    writers = max(1, WRITERS_MEMORY // WRITER_BYTES)
+    writers = max(1, min(engine.workers, WRITERS_MEMORY // WRITER_BYTES))
+    pieces = shard_pieces(plan, job.rows_per_group, writers)
     written = np.zeros((len(plan), 3), np.int64)  # a shard's pieces, tokens, supervised tokens
     for (index, _, lo, hi), counts in zip(pieces, engine.map(write_piece, job, pieces, workers=writers)):
         written[index] += (1, *counts)
         if progress is not None:
             progress.update(hi - lo, counts[0])
+    if tokens_done is not None:
+        tokens_done()
     shards = [(index, first, last, *map(int, written[index])) for index, (first, last) in enumerate(plan)]
     entries = list(engine.map(join_shard, job, shards, workers=writers))
     checks = [None] * len(entries)
@@ -220,13 +223,24 @@ def _arrow_ready() -> None:
     pq.read_table(pa.BufferReader(sink.getvalue()))
 
 
+def shard_pieces(plan: list[tuple[int, int]], rows_per_group: int, workers: int) -> list[tuple[int, int, int, int]]:
+    """The write tasks ``(shard, piece, first row, stop row)``: each shard whole where the shards keep
+    ``workers`` busy, else cut into runs of whole row groups (``engines.runs_per_item``)."""
+    per_shard = runs_per_item(len(plan), workers)
+    pieces = []
+    for index, (first, last) in enumerate(plan):
+        groups = -(-(last - first) // rows_per_group)
+        step = -(-groups // min(groups, per_shard)) * rows_per_group
+        pieces += [(index, number, lo, min(last, lo + step)) for number, lo in enumerate(range(first, last, step))]
+    return pieces
+
+
 class ShardJob:
     """What writing any shard needs: the write stage's context (the token store's index, the pieces)."""
 
     def __init__(self, folder, store, segments, max_len, shard_format, count, check=None):
         self.folder, self.store, self.segments = folder, store, segments
         self.rows_per_group = max(1, ROW_GROUP_TOKENS // max(1, max_len))
-        self.rows_per_piece = self.rows_per_group * PIECE_GROUPS
         self.shard_format, self.count, self.check = shard_format, count, check
 
     def piece_path(self, index: int, number: int) -> Path:
@@ -245,7 +259,6 @@ def write_piece(job: ShardJob, piece: tuple[int, int, int, int]) -> tuple[int, i
             supervised += pc.sum(pc.not_equal(labels, -100)).as_py() or 0
             tokens += len(labels)
             write(table)
-    pa.default_memory_pool().release_unused()  # what Arrow kept for this piece is not held through the next
     return tokens, supervised
 
 

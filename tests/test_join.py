@@ -100,14 +100,18 @@ def test_pieces_a_join_cannot_move_or_of_other_schemas_are_refused(tmp_path, gro
 
 
 def test_pack_writes_shards_in_pieces_with_one_writers_bytes(tmp_path, monkeypatch):
-    """Small row groups and pieces make every shard several pieces; each shard equals its own row
-    groups written again by one writer, and 1 or 3 workers give the same bytes."""
+    """Shards too few for the workers are written in pieces: with 3 workers every shard is, with 1
+    none is, and both give the same bytes, each shard equal to its own row groups written again by
+    one writer. verify then checks them a run of row groups a task, every group once."""
     monkeypatch.setattr(write_module, "ROW_GROUP_TOKENS", 1024)  # 2 rows a group at --max-len 512
-    monkeypatch.setattr(write_module, "PIECE_GROUPS", 2)
+    planned = []
+    shard_pieces = write_module.shard_pieces
+    monkeypatch.setattr(write_module, "shard_pieces", lambda *a: planned.append(shard_pieces(*a)) or planned[-1])
     manifests = [packprep.pack(str(EXAMPLE_CHATS), tmp_path / f"out{n}", str(EXAMPLE_TOKENIZER), max_len=512,
                                shard_size="200KB", num_proc=n) for n in (1, 3)]
-    assert manifests[0]["shards"] == manifests[1]["shards"]
-    assert len(manifests[0]["shards"]) > 1
+    shards = len(manifests[0]["shards"])
+    assert manifests[0]["shards"] == manifests[1]["shards"] and 1 < shards < 3 * 4
+    assert len(planned[0]) == shards and len(planned[1]) > shards, "1 worker: whole shards; 3: pieces"
     groups = []
     for shard in manifests[1]["shards"]:
         path = tmp_path / "out3" / shard["path"]
@@ -116,20 +120,20 @@ def test_pack_writes_shards_in_pieces_with_one_writers_bytes(tmp_path, monkeypat
         again = write(tmp_path / "again.parquet", [parquet.read_row_group(n) for n in range(parquet.num_row_groups)],
                       "parquet")
         assert again.read_bytes() == path.read_bytes()
-    assert max(groups) > 2 * 2, "shards of several pieces"
     assert not (tmp_path / "out3" / ".pieces").exists()
-    engine = RecordingEngine()  # verify checks a shard a few row groups a task, every group once
-    monkeypatch.setattr(verify_module, "CHECK_GROUPS", 3)
+    engine = RecordingEngine()
     assert packprep.verify(tmp_path / "out3", engine=engine).ok
     for shard, count in zip(manifests[1]["shards"], groups):
         runs = [run for _, path, run in engine.tasks if path == shard["path"]]
-        assert runs == [(a, min(a + 3, count)) for a in range(0, count, 3)]
+        assert len(runs) == min(count, -(-2 * 4 // shards))  # engines.runs_per_item for verify's 2 workers
+        assert runs[0][0] == 0 and runs[-1][1] == count
+        assert all(a[1] == b[0] for a, b in zip(runs, runs[1:])), "contiguous runs, every group once"
 
 
 def test_a_shard_checked_in_parts_fails_like_one_checked_whole(tmp_path, groups):
     """pack checks each piece's row groups beside the others: the parts, joined, report what a
     whole-shard check reports, at the same rows, and judge the shard's row count."""
-    from packprep.verify import ShardContext, check_shard, joined_check
+    from packprep.verify import ShardContext, check_part, check_shard, joined_check
 
     bad = [table for table in groups]
     labels = bad[13].column("labels").to_pylist()
@@ -140,12 +144,12 @@ def test_a_shard_checked_in_parts_fails_like_one_checked_whole(tmp_path, groups)
     entry = {"path": "data.parquet", "rows": rows}
     context = ShardContext(tmp_path, None, 10**6, False, False, 10**9)
     whole = check_shard(context, entry)
-    parts = joined_check([check_shard(context, entry, (a, min(a + 3, GROUPS))) for a in range(0, GROUPS, 3)], entry)
+    parts = joined_check([check_part(context, (entry, (a, min(a + 3, GROUPS)))) for a in range(0, GROUPS, 3)], entry)
     expected_row = sum(table.num_rows for table in bad[:13]) + 2
     assert [(f.check, f.row) for f in whole.failures] == [("first_label", expected_row)]
     assert [(f.check, f.row) for f in parts.failures] == [("first_label", expected_row)]
     assert (parts.rows, parts.sequences, parts.tokens, parts.supervised) == (
         whole.rows, whole.sequences, whole.tokens, whole.supervised)
     assert parts.sources.tolist() == whole.sources.tolist()
-    missing = joined_check([check_shard(context, entry, (0, GROUPS - 1))], entry)  # a part left out
+    missing = joined_check([check_part(context, (entry, (0, GROUPS - 1)))], entry)  # a part left out
     assert [f.check for f in missing.failures] == ["first_label", "shard_file"]

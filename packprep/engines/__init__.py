@@ -22,6 +22,14 @@ from ..errors import ConfigError
 
 ENGINES = ("local", "ray")
 IN_FLIGHT_PER_WORKER = 4  # tasks submitted and not yet collected, per worker: bounds the driver's memory
+TASKS_PER_WORKER = 4  # a stage whose work splits freely makes about this many tasks a worker: they end together
+
+
+def runs_per_item(items: int, workers: int) -> int:
+    """Into how many runs to cut each of ``items`` (shards) so that ``workers`` finish together: one
+    where the items alone make ``TASKS_PER_WORKER`` tasks a worker (or one worker does them all),
+    more where they are fewer."""
+    return 1 if workers <= 1 else max(1, -(-TASKS_PER_WORKER * workers // max(1, items)))
 
 
 class Engine(Protocol):
