@@ -39,6 +39,7 @@ Tokens carry byte offsets (cumulative token byte lengths), from which the labels
 from __future__ import annotations
 
 import bisect
+import hashlib
 import json
 import os
 import re
@@ -137,9 +138,11 @@ class TiktokenBackend:
             self._separator_bytes = len(self._separator.encode("utf-8"))
 
     @classmethod
-    def from_hf(cls, tokenizer, num_threads: int | None = None) -> tuple[TiktokenBackend | None, str]:
+    def from_hf(cls, tokenizer, num_threads: int | None = None, fresh: bool = False
+                ) -> tuple[TiktokenBackend | None, str]:
         """An exact tiktoken copy of ``tokenizer`` (transformers fast or ``tokenizers.Tokenizer``),
-        or ``(None, reason)`` when one cannot be made."""
+        or ``(None, reason)`` when one cannot be made. ``fresh``: convert the ranks from the
+        tokenizer even if the cache has them (and cache them anew)."""
         try:
             import tiktoken
         except ImportError:
@@ -165,21 +168,77 @@ class TiktokenBackend:
             else:
                 nfc = _normalizer(_state(hf.normalizer))
                 pattern = _pattern(_state(hf.pre_tokenizer))
-                ranks = _cached_ranks(hf.model, set(special.values()), getattr(tokenizer, "file_sha256", None))
+                ranks = _cached_ranks(hf.model, set(special.values()), getattr(tokenizer, "file_sha256", None), fresh)
             _check_post_processor(_state(hf.post_processor))
             prefix, suffix = _added_by_post_processor(hf)
         except _NotEligible as exc:
             return None, str(exc)
-        encoding = tiktoken.Encoding("packprep-bpe", pat_str=pattern,
-                                     mergeable_ranks=ranks, special_tokens=special)
-        lengths = np.zeros(encoding.max_token_value + 1, dtype=np.int64)
-        for piece, rank in ranks.items():
-            lengths[rank] = len(piece)
-        for content, rank in special.items():
-            lengths[rank] = len(content.encode("utf-8"))
-        threads = num_threads or len(os.sched_getaffinity(0))
+        ids = np.fromiter(ranks.values(), np.int64, len(ranks))
+        lengths = np.fromiter(map(len, ranks), np.int64, len(ranks))
+        backend = cls._build(pattern, ranks, ids, lengths, special, nfc, prefix, suffix, num_threads, spm)
         kind = "SentencePiece" if spm else "byte-level"
-        return cls(encoding, lengths, nfc, prefix, suffix, threads, spm), f"exact tiktoken conversion ({kind} BPE)"
+        return backend, f"exact tiktoken conversion ({kind} BPE)"
+
+    @classmethod
+    def _build(cls, pattern: str, ranks: dict[bytes, int], ids: np.ndarray, lengths: np.ndarray,
+               special: dict[str, int], nfc: bool, prefix, suffix, num_threads: int | None,
+               spm: _SentencePiece | None = None) -> TiktokenBackend:
+        """The backend of a conversion: ``ids`` and ``lengths`` are each rank's and its piece's byte
+        length, in the order of ``ranks``."""
+        import tiktoken
+
+        encoding = tiktoken.Encoding("packprep-bpe", pat_str=pattern, mergeable_ranks=ranks, special_tokens=special)
+        token_bytes = np.zeros(encoding.max_token_value + 1, dtype=np.int64)
+        token_bytes[ids] = lengths
+        for content, rank in special.items():
+            token_bytes[rank] = len(content.encode("utf-8"))
+        threads = num_threads or len(os.sched_getaffinity(0))
+        return cls(encoding, token_bytes, nfc, prefix, suffix, threads, spm)
+
+    @classmethod
+    def from_verified(cls, tokenizer, num_threads: int | None = None) -> TiktokenBackend | str | None:
+        """The conversion that an earlier run made from this very tokenizer.json and checked against
+        HF, rebuilt from the cache without ``tokenizers`` (see ``save_verified``); a str (why not)
+        where an earlier run found it differs from HF; None when there is no such record or any
+        doubt about it (then the caller takes the full path, ``from_hf`` and the guards).
+
+        Its key is the tokenizer.json's sha256 and the versions of packprep, the conversion,
+        tiktoken and tokenizers; its own checksum and the ranks' digest must match, and the rebuilt
+        encoding must give the ids HF gave on the record's guard sample (with and without the
+        post-processor's tokens)."""
+        sha = getattr(tokenizer, "file_sha256", None)  # a tokenizer folder (tokenizer_folder.py) only
+        if not isinstance(sha, str):
+            return None
+        path = _record_path(sha)
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+            meta = record["meta"]
+            if record["checksum"] != _checksum(meta) or meta["key"] != _record_key(sha):
+                return None
+            if meta["verdict"] == "differs":
+                return f"{meta['reason']} (recorded in {path}; remove it to try tiktoken again)"
+            if meta["verdict"] != "exact":
+                return None
+            with np.load(_ranks_path(sha), allow_pickle=False) as saved:
+                pieces, offsets, ids = saved["pieces"], saved["offsets"], saved["ids"]
+            if _ranks_digest(pieces, offsets, ids) != meta["ranks_sha256"]:
+                return None
+            blob, bounds = pieces.tobytes(), offsets.tolist()
+            ranks = {blob[a:b]: token for a, b, token in zip(bounds, bounds[1:], ids.tolist())}
+            special = {content: token for content, token in meta["special"]}
+            backend = cls._build(meta["pattern"], ranks, ids, np.diff(offsets), special, meta["nfc"],
+                                 meta["prefix"], meta["suffix"], 1)  # one thread: the check is a few texts
+            texts, expected = meta["guard"]["texts"], meta["guard"]["ids"]
+            if not texts or not all(map(backend.can_encode, texts)) or \
+                    _first_difference(backend, texts, {False: expected[0], True: expected[1]}) is not None:
+                return None
+            backend.num_threads = num_threads or len(os.sched_getaffinity(0))
+            known = {"vocab_size": int(meta["vocab_size"]), "token_ids": dict(meta["token_ids"])}
+        except Exception:  # unreadable, truncated, of another layout: any doubt means the full path
+            return None
+        if isinstance(getattr(tokenizer, "known", None), dict):
+            tokenizer.known.update(known)
+        return backend
 
     def can_encode(self, text: str) -> bool:
         """False for a text the normalizer would change (non-NFC text under an NFC normalizer)."""
@@ -264,17 +323,57 @@ def _byte_positions(text: str, char_positions: list[int]) -> list[int]:
 def check_equivalence(hf_tokenizer, backend: TiktokenBackend, sample_texts: list[str]) -> str | None:
     """None if HF and ``backend`` give identical ids on every sample text (with and without the
     post-processor's special tokens), else a description of the first difference."""
-    hf = getattr(hf_tokenizer, "backend_tokenizer", hf_tokenizer)
     texts = [text for text in sample_texts if backend.can_encode(text)]
+    return _first_difference(backend, texts, _hf_ids(hf_tokenizer, texts))
+
+
+def _hf_ids(hf_tokenizer, texts: list[str]) -> dict[bool, list[list[int]]]:
+    """HF's ids of each text, without (False) and with (True) the post-processor's special tokens."""
+    hf = getattr(hf_tokenizer, "backend_tokenizer", hf_tokenizer)
+    return {special: [e.ids for e in hf.encode_batch(texts, add_special_tokens=special)] for special in (False, True)}
+
+
+def _first_difference(backend: TiktokenBackend, texts: list[str], expected: dict[bool, list[list[int]]]) -> str | None:
+    """None if ``backend`` gives ``expected`` (``_hf_ids``) on ``texts``, else the first difference."""
     for special in (False, True):
-        expected = hf.encode_batch(texts, add_special_tokens=special)
-        for text, want, (got, _) in zip(texts, expected, backend.encode_batch(texts, special)):
+        if len(expected[special]) != len(texts):
+            return f"{len(expected[special])} expected encodings for {len(texts)} texts"
+        for text, want, (got, _) in zip(texts, expected[special], backend.encode_batch(texts, special)):
             got = got.tolist()
-            if got != want.ids:
-                k = next((i for i, (a, b) in enumerate(zip(want.ids, got)) if a != b), min(len(got), len(want.ids)))
+            if got != want:
+                k = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(got), len(want)))
                 return (f"text {text[:40]!r}{'...' if len(text) > 40 else ''}: token {k} is "
-                        f"{want.ids[k:k + 3]} with HF but {got[k:k + 3]} with tiktoken")
+                        f"{want[k:k + 3]} with HF but {got[k:k + 3]} with tiktoken")
     return None
+
+
+def fast_backend(tokenizer, num_threads: int | None = None) -> tuple[TiktokenBackend | None, str, bool]:
+    """The tiktoken copy of ``tokenizer`` that ``ChatEncoder`` uses: ``(backend or None, reason,
+    verified_before)``.
+
+    From the cache when an earlier run made and checked the conversion of this tokenizer.json
+    (``verified_before``: ``from_verified``, no ``tokenizers.Tokenizer`` is built); else the full
+    path: ``from_hf``, then the start guard (HF and tiktoken on ``guard_sample``), whose verdict
+    is recorded for the next run (``save_verified``, ``remember_difference``).
+    """
+    cached = TiktokenBackend.from_verified(tokenizer, num_threads)
+    if isinstance(cached, TiktokenBackend):
+        return cached, "exact tiktoken conversion (byte-level BPE), checked by an earlier run", True
+    if isinstance(cached, str):
+        return None, cached, True
+    # the full path trusts nothing in the cache: the ranks are converted again, and saved with the record
+    backend, reason = TiktokenBackend.from_hf(tokenizer, num_threads, fresh=True)
+    if backend is None:
+        return None, reason, False
+    texts = [text for text in guard_sample(tokenizer) if backend.can_encode(text)]
+    expected = _hf_ids(tokenizer, texts)
+    problem = _first_difference(backend, texts, expected)
+    if problem:
+        reason = f"it differs from the tokenizer on the built-in sample: {problem}"
+        remember_difference(tokenizer, reason)
+        return None, reason, False
+    save_verified(tokenizer, backend, texts, expected)
+    return backend, reason, False
 
 
 def guard_sample(tokenizer) -> list[str]:
@@ -385,32 +484,131 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "packprep"
 
 
-def _cached_ranks(model, added_ids: set[int], file_sha256: str | None) -> dict[bytes, int]:
+def _ranks_path(file_sha256: str) -> Path:
+    return cache_dir() / f"tiktoken-ranks-v{RANKS_CACHE_VERSION}-{file_sha256}.npz"
+
+
+def _cached_ranks(model, added_ids: set[int], file_sha256: str | None, fresh: bool = False) -> dict[bytes, int]:
     """``_ranks``, kept on disk under the tokenizer.json's sha256: the conversion costs 0.5-1 s of
     every start with a 128k vocabulary, loading it 50 ms. (What it returns is still checked against
-    the tokenizer on the guard sample and the first texts of the run.)"""
+    the tokenizer on the guard sample and the first texts of the run.) ``fresh``: convert even if
+    the file is there, and replace it."""
     if file_sha256 is None:
         return _ranks(model, added_ids)
-    path = cache_dir() / f"tiktoken-ranks-v{RANKS_CACHE_VERSION}-{file_sha256}.npz"
+    path = _ranks_path(file_sha256)
     try:
+        if fresh:
+            raise FileNotFoundError(path)
         with np.load(path, allow_pickle=False) as saved:
             blob, offsets, ids = saved["pieces"].tobytes(), saved["offsets"].tolist(), saved["ids"].tolist()
         return {blob[a:b]: token for a, b, token in zip(offsets, offsets[1:], ids)}
-    except (OSError, KeyError, ValueError):
-        pass  # not there yet, or unreadable: convert
+    except Exception:  # not there yet, or unreadable (a torn or corrupt zip raises BadZipFile): convert
+        pass
     ranks = _ranks(model, added_ids)
-    pieces = list(ranks)
-    offsets = np.zeros(len(pieces) + 1, dtype=np.int64)
-    np.cumsum([len(piece) for piece in pieces], out=offsets[1:])
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f".{path.name}.{os.getpid()}.npz")
-        np.savez(partial, pieces=np.frombuffer(b"".join(pieces), dtype=np.uint8), offsets=offsets,
-                 ids=np.array(list(ranks.values()), dtype=np.int64))
+        np.savez(partial, **dict(zip(("pieces", "offsets", "ids"), _ranks_arrays(ranks))))
         os.replace(partial, path)  # readers see a whole file or none
     except OSError:
         pass  # a read-only home: convert again next time
     return ranks
+
+
+def _ranks_arrays(ranks: dict[bytes, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The ranks as the cache stores them: the pieces' bytes end to end (uint8), where each starts
+    (int64, one more), and their ranks (int64), in the dict's order."""
+    offsets = np.zeros(len(ranks) + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, ranks), np.int64, len(ranks)), out=offsets[1:])
+    return (np.frombuffer(b"".join(ranks), dtype=np.uint8), offsets,
+            np.fromiter(ranks.values(), np.int64, len(ranks)))
+
+
+def _ranks_digest(pieces: np.ndarray, offsets: np.ndarray, ids: np.ndarray) -> str:
+    digest = hashlib.sha256()
+    for array in (pieces.astype(np.uint8, copy=False), offsets.astype(np.int64, copy=False),
+                  ids.astype(np.int64, copy=False)):
+        digest.update(len(array).to_bytes(8, "little"))
+        digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
+CONVERSION_VERSION = 1  # bump when what from_hf builds, or what the verified record holds, changes
+
+
+def _record_path(file_sha256: str) -> Path:
+    return cache_dir() / f"tiktoken-verified-v{CONVERSION_VERSION}-{file_sha256}.json"
+
+
+def _record_key(file_sha256: str) -> dict:
+    """What a verified record must have been made with: the same tokenizer.json and code."""
+    import tiktoken
+    import tokenizers
+
+    from . import __version__
+
+    return {"tokenizer_json_sha256": file_sha256, "packprep": __version__, "conversion": CONVERSION_VERSION,
+            "ranks": RANKS_CACHE_VERSION, "tiktoken": tiktoken.__version__, "tokenizers": tokenizers.__version__}
+
+
+def _checksum(meta: dict) -> str:
+    return hashlib.sha256(json.dumps(meta, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def _write_record(tokenizer, meta: dict) -> None:
+    sha = getattr(tokenizer, "file_sha256", None)
+    if not isinstance(sha, str):
+        return
+    path = _record_path(sha)
+    meta = {"key": _record_key(sha), **meta}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.{os.getpid()}")
+        partial.write_text(json.dumps({"checksum": _checksum(meta), "meta": meta}), encoding="utf-8")
+        os.replace(partial, path)  # readers see a whole file or none
+    except OSError:
+        pass  # a read-only home: the full path again next time
+
+
+def save_verified(tokenizer, backend: TiktokenBackend, texts: list[str], expected: dict[bool, list[list[int]]]) -> None:
+    """Record that ``backend`` (made by ``from_hf`` from ``tokenizer``'s tokenizer.json) gave HF's
+    ``expected`` ids on ``texts``, with what ``from_verified`` needs to rebuild it without HF: the
+    split pattern, the added tokens, the post-processor's tokens, the vocabulary size and the ids
+    of the added and special tokens. The ranks stay in their own cache file, named by digest here.
+    Only a byte-level conversion of a tokenizer folder whose ranks file holds exactly these ranks
+    is recorded."""
+    sha = getattr(tokenizer, "file_sha256", None)
+    if not isinstance(sha, str) or backend._spm is not None:
+        return
+    ranks = backend.encoding._mergeable_ranks
+    digest = _ranks_digest(*_ranks_arrays(ranks))
+    try:
+        with np.load(_ranks_path(sha), allow_pickle=False) as saved:
+            if _ranks_digest(saved["pieces"], saved["offsets"], saved["ids"]) != digest:
+                return
+    except Exception:
+        return  # no ranks file (a read-only cache), or not these ranks
+    hf = tokenizer.backend_tokenizer
+    contents = [*backend.encoding._special_tokens, *tokenizer.special_tokens_map.values()]
+    _write_record(tokenizer, {
+        "verdict": "exact",
+        "kind": "byte-level",
+        "pattern": backend.encoding._pat_str,
+        "special": [[content, token] for content, token in backend.encoding._special_tokens.items()],
+        "nfc": backend._nfc,
+        "prefix": backend._prefix.tolist(),
+        "suffix": backend._suffix.tolist(),
+        "ranks_sha256": digest,
+        "vocab_size": len(tokenizer),
+        "token_ids": {content: hf.token_to_id(content) for content in contents},
+        "guard": {"texts": texts, "ids": [expected[False], expected[True]]},
+    })
+
+
+def remember_difference(tokenizer, reason: str) -> None:
+    """Record that tiktoken's copy of this tokenizer.json differs from HF (the start guard or the
+    data guard found it): later runs go to HF at once instead of trusting the conversion."""
+    _write_record(tokenizer, {"verdict": "differs", "reason": reason})
 
 
 def _sentencepiece_normalizer(normalizer: dict | None, pre: dict | None) -> bool:

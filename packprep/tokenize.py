@@ -82,6 +82,14 @@ class ChatEncoder:
     guard that rests on the conversion being exact, which ``packprep verify --retokenize N`` checks
     on any output (retokenize.py shares nothing with this path).
     ``backend_name`` is the backend in use.
+
+    A tokenizer folder's conversion, once made and through the guard on the sample, is recorded
+    in the cache with HF's ids on that sample (tiktoken_backend.fast_backend). A later run with the
+    same tokenizer.json and versions rebuilds it from there, checks it on the recorded ids, and
+    never builds the ``tokenizers.Tokenizer`` (0.3-0.5 s of start-up for llama3) unless a text
+    needs HF (``can_encode``) or ``backend="hf"``; the runtime guard, which needs HF, ran when
+    the conversion was made and is not run again. A difference the runtime guard finds is
+    recorded too: later runs then use HF from the start.
     """
 
     def __init__(self, tokenizer, train_on: str = "assistant", backend: str = "auto"):
@@ -91,23 +99,28 @@ class ChatEncoder:
             raise ConfigError(f"--tokenizer-backend must be one of {BACKENDS}, not {backend!r}")
         self.tokenizer = tokenizer
         self.train_on = train_on
+        if backend != "hf" and hasattr(tokenizer, "hash_in_background"):
+            tokenizer.hash_in_background()  # the cache key, hashed while the template compiles
         self.template = choose_template(tokenizer)  # the one-pass accelerator where it agrees with the reference
-        self._backend = tokenizer.backend_tokenizer if hasattr(tokenizer, "backend_tokenizer") else None
-        self.eos_token_id = tokenizer.eos_token_id
         self.requested_backend = backend
         self._fast = None
         self._guard_chars = GUARD_CHARS
         self.backends_used: set[str] = set()  # what encoded the run's data batches, in any process
         if backend != "hf":
-            from .tiktoken_backend import TiktokenBackend, check_equivalence, guard_sample
+            from .tiktoken_backend import fast_backend
 
-            fast, reason = TiktokenBackend.from_hf(tokenizer)
-            problem = check_equivalence(tokenizer, fast, guard_sample(tokenizer)) if fast else None
-            if problem:
-                fast, reason = None, f"it differs from the tokenizer on the built-in sample: {problem}"
+            fast, reason, verified_before = fast_backend(tokenizer)
             if fast is None:
                 self._refuse_tiktoken(reason)
+            elif verified_before:
+                self._guard_chars = 0
             self._fast = fast
+        self.eos_token_id = tokenizer.eos_token_id  # after fast_backend: a verified record knows it
+
+    @property
+    def _backend(self):
+        """The HF tokenizer (``tokenizers.Tokenizer``), built on first use by a tokenizer folder."""
+        return getattr(self.tokenizer, "backend_tokenizer", None)
 
     @contextmanager
     def one_thread(self):
@@ -133,8 +146,12 @@ class ChatEncoder:
             return "tiktoken+hf"
         return next(iter(self.backends_used), self.backend_name)
 
-    def _refuse_tiktoken(self, reason: str) -> None:
+    def _refuse_tiktoken(self, reason: str, remember: bool = False) -> None:
         self._fast = None
+        if remember:  # the runtime guard found it: the next run goes to HF at once
+            from .tiktoken_backend import remember_difference
+
+            remember_difference(self.tokenizer, f"an earlier run found that {reason}")
         if self.requested_backend == "tiktoken":
             raise ConfigError(f"--tokenizer-backend tiktoken is not possible with this tokenizer: {reason}")
         warnings.warn(f"tokenizing with Hugging Face tokenizers, not tiktoken: {reason}", stacklevel=3)
@@ -196,7 +213,7 @@ class ChatEncoder:
             expected = self._encode(rendered[:n], None)
             for r, want, got in zip(rendered, expected, results):
                 if not (np.array_equal(want[0], got[0]) and list(want[1]) == list(got[1])):
-                    self._refuse_tiktoken(f"it tokenizes this text differently from HF: {r.text[:60]!r}")
+                    self._refuse_tiktoken(f"it tokenizes this text differently from HF: {r.text[:60]!r}", True)
                     return expected + self._encode(rendered[n:], None)
         return results
 

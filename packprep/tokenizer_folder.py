@@ -19,8 +19,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 from datetime import datetime
 from pathlib import Path
+
+from .errors import ConfigError
 
 # Classes that, in transformers 4.45+ and 5.x, load tokenizer.json as it is and add nothing of their
 # own to encoding (held to transformers by tests for every fixture). A class outside this list (e.g.
@@ -45,15 +48,24 @@ def loadable(path: str | os.PathLike) -> bool:
 
 
 class FolderTokenizer:
-    """The parts of a transformers fast tokenizer that packprep uses, read from the folder's files."""
+    """The parts of a transformers fast tokenizer that packprep uses, read from the folder's files.
+
+    The ``tokenizers.Tokenizer`` (``backend_tokenizer``) is built on first use: parsing a large
+    tokenizer.json takes 0.3-0.5 s (llama3's 9 MB) and holds the GIL, and a run whose tiktoken
+    conversion is cached never needs it (tiktoken_backend.TiktokenBackend.from_verified). What that
+    cache knows about tokenizer.json (the vocabulary size, the ids of the added and special tokens)
+    is put in ``known`` by the cache's reader, and answers ``len()`` and ``*_token_id`` without it.
+    """
+
+    backend_loads = 0  # how many ``tokenizers.Tokenizer`` this process built for any folder (tests count them)
 
     def __init__(self, path: str | os.PathLike):
-        from tokenizers import Tokenizer
-
         folder = Path(path)
         self.name_or_path = str(path)
         self._sha256: str | None = None
-        self.backend_tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        self._hashing: threading.Thread | None = None
+        self._backend = None
+        self.known: dict = {}  # "vocab_size", "token_ids" ({content: id}): facts of this tokenizer.json
         config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
         mapped = folder / "special_tokens_map.json"
         special = json.loads(mapped.read_text(encoding="utf-8")) if mapped.is_file() else {}
@@ -67,10 +79,40 @@ class FolderTokenizer:
         )
 
     @property
+    def backend_tokenizer(self):
+        """The ``tokenizers.Tokenizer`` of tokenizer.json, built on first use."""
+        if self._backend is None:
+            from tokenizers import Tokenizer
+
+            data = (Path(self.name_or_path) / "tokenizer.json").read_bytes()
+            if self._sha256 is not None or self._hashing is not None:
+                if hashlib.sha256(data).hexdigest() != self.file_sha256:  # what the cached facts describe
+                    raise ConfigError(f"{self.name_or_path}/tokenizer.json changed while packprep was using it")
+            self._backend = Tokenizer.from_buffer(data)
+            FolderTokenizer.backend_loads += 1
+        return self._backend
+
+    @property
+    def backend_loaded(self) -> bool:
+        return self._backend is not None
+
+    def hash_in_background(self) -> None:
+        """Start computing ``file_sha256`` on a thread (hashlib lets go of the GIL while it hashes)."""
+        if self._sha256 is None and self._hashing is None:
+            self._hashing = threading.Thread(target=self._hash, daemon=True)
+            self._hashing.start()
+
+    def _hash(self) -> None:
+        self._sha256 = hashlib.sha256((Path(self.name_or_path) / "tokenizer.json").read_bytes()).hexdigest()
+
+    @property
     def file_sha256(self) -> str:
         """The tokenizer.json's sha256: the key under which derived data (tiktoken ranks) is cached."""
+        if self._hashing is not None:
+            self._hashing.join()
+            self._hashing = None
         if self._sha256 is None:
-            self._sha256 = hashlib.sha256((Path(self.name_or_path) / "tokenizer.json").read_bytes()).hexdigest()
+            self._hash()
         return self._sha256
 
     def __getattr__(self, name: str):
@@ -78,10 +120,15 @@ class FolderTokenizer:
             return self.special_tokens_map.get(name)
         if name.endswith("_token_id") and name[: -len("_id")] in SPECIAL_TOKENS:
             token = self.special_tokens_map.get(name[: -len("_id")])
-            return None if token is None else self.backend_tokenizer.token_to_id(token)
+            if token is None:
+                return None
+            known = self.known.get("token_ids", {})
+            return known[token] if token in known else self.backend_tokenizer.token_to_id(token)
         raise AttributeError(name)
 
     def __len__(self) -> int:
+        if "vocab_size" in self.known:
+            return self.known["vocab_size"]
         return self.backend_tokenizer.get_vocab_size(with_added_tokens=True)
 
     def get_vocab(self) -> dict[str, int]:

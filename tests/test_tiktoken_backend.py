@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+import tempfile
 from contextlib import nullcontext
 
 import numpy as np
@@ -13,8 +16,9 @@ from packprep.errors import ConfigError
 from packprep.normalize import Conversation, Rejected
 from packprep.tiktoken_backend import TiktokenBackend, check_equivalence, guard_sample
 from packprep.tokenize import ChatEncoder, Encoded, load_tokenizer
+from packprep.tokenizer_folder import FolderTokenizer
 
-from .conftest import CONVERSATIONS, fixture_tokenizer, needs_fixtures
+from .conftest import CONVERSATIONS, EXAMPLE_TOKENIZER, fixture_tokenizer, needs_fixtures
 from .test_labels_reference import FILES, conversations
 
 BYTE_LEVEL = ["llama3", "qwen2.5", "gpt2"]
@@ -149,6 +153,9 @@ def test_texts_encoded_in_one_call_come_out_as_if_encoded_alone():
 
 
 def swap_ranks(monkeypatch, a: bytes, b: bytes):
+    """Break the conversion as from_hf gets it. A verified record in the cache would rebuild the
+    good one without from_hf, so the cache starts empty (a run that makes the conversion)."""
+    monkeypatch.setenv("PACKPREP_CACHE", tempfile.mkdtemp(prefix="packprep-broken-"))
     original = tiktoken_backend._cached_ranks  # the conversion as from_hf gets it, cached or not
 
     def broken(*args):
@@ -169,6 +176,8 @@ def test_the_start_guard_catches_a_broken_conversion(tokenizers, monkeypatch):
         assert ChatEncoder(tok).backend_name == "hf"
     with pytest.raises(ConfigError, match="differs"):
         ChatEncoder(tok, backend="tiktoken")
+    assert not list(tiktoken_backend.cache_dir().glob("tiktoken-verified-*")) or \
+        "differs" in next(tiktoken_backend.cache_dir().glob("tiktoken-verified-*")).read_text()
 
 
 @needs_fixtures
@@ -184,6 +193,9 @@ def test_the_data_guard_catches_what_the_sample_missed(tokenizers, monkeypatch):
         got = encoder.encode(batch)
     assert encoder.backend_name == "hf"
     assert_same(ChatEncoder(tok, backend="hf").encode(batch), got)
+    # the difference is recorded: the next run does not trust the conversion, even before any text
+    with pytest.warns(UserWarning, match="an earlier run found that it tokenizes this text differently"):
+        assert ChatEncoder(load_tokenizer(fixture_tokenizer("gpt2"))).backend_name == "hf"
 
 
 @needs_fixtures
@@ -208,3 +220,167 @@ def test_the_manifest_says_when_worker_processes_fell_back_to_hf(tokenizers, mon
         if backend == "auto":
             assert manifest["tokenizer"]["backend"] in ("hf", "tiktoken+hf")
     assert outputs["auto"] == outputs["hf"]
+
+
+def pack_outputs(folder) -> dict:
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name != "packprep.json"}
+
+
+def no_hf_tokenizer(monkeypatch):
+    """Building a folder's ``tokenizers.Tokenizer`` fails from here on, in this process and in the
+    processes it forks."""
+    def refuse(self):
+        raise AssertionError(f"built the tokenizers.Tokenizer of {self.name_or_path}")
+
+    monkeypatch.setattr(FolderTokenizer, "backend_tokenizer", property(refuse))
+
+
+@needs_fixtures
+@pytest.mark.parametrize("name", BYTE_LEVEL)
+def test_a_warm_cache_packs_without_the_hf_tokenizer_and_writes_the_same_bytes(tmp_path, monkeypatch, name):
+    """Start-up: the first run makes the conversion, checks it against HF and records it; the next
+    runs rebuild it from the record, never build the tokenizers.Tokenizer (0.3-0.5 s for llama3),
+    and write the same shards, card, rejects and manifest (but for its timestamp-free run fields)."""
+    monkeypatch.setenv("PACKPREP_CACHE", str(tmp_path / "cache"))
+    source = str(CONVERSATIONS / "llamafactory_glaive_toolcall_en_demo.json")
+    loads = FolderTokenizer.backend_loads
+    cold = packprep.pack(source, tmp_path / "cold", fixture_tokenizer(name), max_len=2048, num_proc=1)
+    assert FolderTokenizer.backend_loads > loads  # the run that made the conversion needed HF
+    assert sorted(p.name.split("-v1-")[0] for p in (tmp_path / "cache").iterdir()) == \
+        ["tiktoken-ranks", "tiktoken-verified"]
+    no_hf_tokenizer(monkeypatch)
+    for num_proc in (1, 2):  # in this process, and in forked workers
+        warm = packprep.pack(source, tmp_path / f"warm{num_proc}", fixture_tokenizer(name), max_len=2048,
+                             num_proc=num_proc)
+        assert warm["tokenizer"] == cold["tokenizer"]  # vocab_size, eos_token, hashes, backend "tiktoken"
+        assert warm["tokenizer"]["backend"] == "tiktoken"
+        assert warm["counts"] == cold["counts"]
+        assert pack_outputs(tmp_path / f"warm{num_proc}") == pack_outputs(tmp_path / "cold")
+
+
+@needs_fixtures
+@pytest.mark.parametrize("name", BYTE_LEVEL)
+def test_what_the_record_knows_of_a_tokenizer_is_what_hf_says(tmp_path, monkeypatch, name):
+    monkeypatch.setenv("PACKPREP_CACHE", str(tmp_path))
+    ChatEncoder(load_tokenizer(fixture_tokenizer(name)))
+    warm, hf = load_tokenizer(fixture_tokenizer(name)), load_tokenizer(fixture_tokenizer(name))
+    encoder = ChatEncoder(warm)
+    assert encoder.backend_name == "tiktoken" and encoder._guard_chars == 0
+    assert not warm.backend_loaded and warm.known
+    for attribute in ("eos_token_id", "bos_token_id", "pad_token_id", "unk_token_id"):
+        assert getattr(warm, attribute) == getattr(hf, attribute)
+    assert len(warm) == len(hf)
+    assert not warm.backend_loaded and hf.backend_loaded
+    texts = [TRICKY, "Hello world", *guard_sample(hf)]
+    assert [ids.tolist() for ids, _ in encoder._fast.encode_batch(texts, True)] == \
+        [e.ids for e in hf.backend_tokenizer.encode_batch(texts, add_special_tokens=True)]
+
+
+def _rewrite_record(path, change):
+    record = json.loads(path.read_text())
+    change(record["meta"])
+    record["checksum"] = tiktoken_backend._checksum(record["meta"])  # a well-formed record, with wrong contents
+    path.write_text(json.dumps(record))
+
+
+def _swap_saved_ranks(path):
+    with np.load(path) as saved:
+        arrays = dict(saved)
+    ids = arrays["ids"]
+    first, second = np.flatnonzero(ids == ids[300])[0], np.flatnonzero(ids == ids[301])[0]
+    ids[[first, second]] = ids[[second, first]]
+    with open(path, "wb") as handle:
+        np.savez(handle, **arrays)
+
+
+CORRUPTIONS = {
+    "ranks swapped in a well-formed file": lambda ranks, record: _swap_saved_ranks(ranks),
+    "ranks file cut short": lambda ranks, record: ranks.write_bytes(ranks.read_bytes()[:100_000]),
+    "ranks file gone": lambda ranks, record: ranks.unlink(),
+    "record cut short": lambda ranks, record: record.write_text(record.read_text()[:1000]),
+    "record edited, checksum not": lambda ranks, record: record.write_text(record.read_text().replace(
+        '"nfc": false', '"nfc": true')),
+    "record of other versions": lambda ranks, record: _rewrite_record(
+        record, lambda meta: meta["key"].update(tokenizers="0.0.1")),
+    "record of another split pattern": lambda ranks, record: _rewrite_record(
+        record, lambda meta: meta.update(pattern=tiktoken_backend.GPT2_PATTERN)),
+    "record with other guard ids": lambda ranks, record: _rewrite_record(
+        record, lambda meta: meta["guard"]["ids"][0][0].append(0)),
+    "record of other special tokens": lambda ranks, record: _rewrite_record(
+        record, lambda meta: meta.update(special=meta["special"][:-1])),
+}
+
+
+@needs_fixtures
+@pytest.mark.parametrize("corruption", list(CORRUPTIONS))
+def test_a_corrupt_or_stale_cache_is_not_trusted(tmp_path, monkeypatch, corruption):
+    """Whatever is wrong with the cache, the run takes the full path (HF, a fresh conversion, the
+    guards), gets HF's ids, and leaves a good cache behind."""
+    monkeypatch.setenv("PACKPREP_CACHE", str(tmp_path))
+    folder = tmp_path / "llama3"
+    shutil.copytree(fixture_tokenizer("llama3"), folder)
+    ChatEncoder(load_tokenizer(str(folder)))
+    [ranks] = tmp_path.glob("tiktoken-ranks-*")
+    [record] = tmp_path.glob("tiktoken-verified-*")
+    CORRUPTIONS[corruption](ranks, record)
+    tok = load_tokenizer(str(folder))
+    encoder = ChatEncoder(tok)
+    assert tok.backend_loaded and encoder._guard_chars > 0, "the full path was taken"
+    assert encoder.backend_name == "tiktoken"
+    hf = ChatEncoder(tok, backend="hf")
+    batch = [Conversation(messages=[{"role": "user", "content": "Hello world, how are you?"},
+                                    {"role": "assistant", "content": f"Fine {n}. 中文 café {TRICKY}"}])
+             for n in range(5)]
+    assert_same(hf.encode(batch), encoder.encode(batch))
+    again = load_tokenizer(str(folder))
+    assert ChatEncoder(again)._guard_chars == 0 and not again.backend_loaded, "the cache was made good again"
+
+
+@needs_fixtures
+def test_a_changed_tokenizer_json_is_a_new_cache_key(tmp_path, monkeypatch):
+    monkeypatch.setenv("PACKPREP_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "gpt2"
+    shutil.copytree(fixture_tokenizer("gpt2"), folder)
+    ChatEncoder(load_tokenizer(str(folder)))
+    data = json.loads((folder / "tokenizer.json").read_text())
+    vocab = data["model"]["vocab"]
+    vocab["a"], vocab["b"] = vocab["b"], vocab["a"]  # still a byte-level BPE tiktoken can copy
+    (folder / "tokenizer.json").write_text(json.dumps(data))
+    tok = load_tokenizer(str(folder))
+    encoder = ChatEncoder(tok)
+    assert tok.backend_loaded and encoder.backend_name == "tiktoken" and encoder._guard_chars > 0
+    plain = [Conversation(text="a b ab ba")]
+    got = encoder.encode(plain)
+    assert_same(ChatEncoder(tok, backend="hf").encode(plain), got)
+    assert got[0].input_ids[0] == vocab["a"]
+    assert len(list((tmp_path / "cache").glob("tiktoken-verified-*"))) == 2
+
+
+def test_a_tokenizer_json_changed_after_the_cache_was_read_stops_the_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("PACKPREP_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "example"
+    shutil.copytree(EXAMPLE_TOKENIZER, folder)
+    ChatEncoder(load_tokenizer(str(folder)))
+    tok = load_tokenizer(str(folder))
+    ChatEncoder(tok)
+    assert not tok.backend_loaded
+    (folder / "tokenizer.json").write_text((folder / "tokenizer.json").read_text() + "\n")
+    with pytest.raises(ConfigError, match="changed while packprep was using it"):
+        tok.decode([1, 2])
+
+
+@needs_fixtures
+def test_a_special_token_the_record_does_not_know_is_looked_up_in_hf(tmp_path, monkeypatch):
+    """The record knows the ids of the added tokens and of the special tokens named when it was made;
+    tokenizer_config.json is not part of its key, so another eos token is looked up the full way."""
+    monkeypatch.setenv("PACKPREP_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "llama3"
+    shutil.copytree(fixture_tokenizer("llama3"), folder)
+    ChatEncoder(load_tokenizer(str(folder)))
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps(dict(config, eos_token="hello")))
+    tok = load_tokenizer(str(folder))
+    encoder = ChatEncoder(tok)
+    assert encoder._guard_chars == 0, "the conversion came from the record"
+    assert tok.backend_loaded and encoder.eos_token_id == tok.backend_tokenizer.token_to_id("hello")
