@@ -541,14 +541,20 @@ def _record_path(file_sha256: str) -> Path:
 
 
 def _record_key(file_sha256: str) -> dict:
-    """What a verified record must have been made with: the same tokenizer.json and code."""
+    """What a verified record must have been made with: the same tokenizer.json and code (this
+    module's own text too, so that a change to the conversion needs no version bump to be seen)."""
     import tiktoken
     import tokenizers
 
     from . import __version__
 
+    try:
+        code = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+    except OSError:
+        code = None
     return {"tokenizer_json_sha256": file_sha256, "packprep": __version__, "conversion": CONVERSION_VERSION,
-            "ranks": RANKS_CACHE_VERSION, "tiktoken": tiktoken.__version__, "tokenizers": tokenizers.__version__}
+            "ranks": RANKS_CACHE_VERSION, "code": code, "tiktoken": tiktoken.__version__,
+            "tokenizers": tokenizers.__version__}
 
 
 def _checksum(meta: dict) -> str:

@@ -303,6 +303,8 @@ CORRUPTIONS = {
         '"nfc": false', '"nfc": true')),
     "record of other versions": lambda ranks, record: _rewrite_record(
         record, lambda meta: meta["key"].update(tokenizers="0.0.1")),
+    "record of other code": lambda ranks, record: _rewrite_record(
+        record, lambda meta: meta["key"].update(code="0" * 64)),
     "record of another split pattern": lambda ranks, record: _rewrite_record(
         record, lambda meta: meta.update(pattern=tiktoken_backend.GPT2_PATTERN)),
     "record with other guard ids": lambda ranks, record: _rewrite_record(
