@@ -386,3 +386,25 @@ def test_a_special_token_the_record_does_not_know_is_looked_up_in_hf(tmp_path, m
     encoder = ChatEncoder(tok)
     assert encoder._guard_chars == 0, "the conversion came from the record"
     assert tok.backend_loaded and encoder.eos_token_id == tok.backend_tokenizer.token_to_id("hello")
+
+
+@needs_fixtures
+def test_texts_only_hf_can_encode_still_go_to_hf_on_a_warm_cache(tmp_path, monkeypatch):
+    """Qwen2.5 normalizes to NFC, so a text that is not NFC is HF's to encode: on a warm cache the
+    process that meets one (here a forked worker) builds the tokenizers.Tokenizer then, and the
+    output is HF's."""
+    monkeypatch.setenv("PACKPREP_CACHE", str(tmp_path / "cache"))
+    ChatEncoder(load_tokenizer(fixture_tokenizer("qwen2.5")))
+    data = tmp_path / "chats.jsonl"
+    with open(data, "w") as handle:
+        for i in range(600):
+            reply = f"Cafe\u0301 n\u0303 {i}" if i % 50 == 0 else f"It is number {i}."  # decomposed: not NFC
+            handle.write(json.dumps({"messages": [{"role": "user", "content": "Say something"},
+                                                  {"role": "assistant", "content": reply}]}) + "\n")
+    outputs = {}
+    for backend, num_proc in (("auto", 2), ("hf", 1)):
+        manifest = packprep.pack(str(data), tmp_path / backend, fixture_tokenizer("qwen2.5"), max_len=256,
+                                 num_proc=num_proc, tokenizer_backend=backend)
+        assert manifest["tokenizer"]["backend"] == ("tiktoken" if backend == "auto" else "hf")
+        outputs[backend] = pack_outputs(tmp_path / backend / "data")
+    assert outputs["auto"] and outputs["auto"] == outputs["hf"]
