@@ -10,19 +10,24 @@ counts every record and says what became of it.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
+import pickle
+import signal
 import tempfile
+import threading
 import warnings
 from collections import Counter
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from itertools import islice
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol
 
 from .errors import ConfigError, InputError
 from .normalize import Conversation, FieldNames, Policy, Rejected, detect_format, fit_to_template, normalize
 from .read import Part, Record, Source, first_records, plan_parts, read_part
-from .tokenize import ChatEncoder, Encoded, load_tokenizer
+from .tokenize import GUARD_CHARS, ChatEncoder, Encoded, load_tokenizer
 
 if TYPE_CHECKING:  # pragma: no cover
     from .engines import Engine
@@ -80,11 +85,41 @@ class Encoding:
         context = EncodeContext(self.tokenizer_name, self.config, self.fields, self.policy, self.formats, sink,
                                 self.encoder)
         merged = _Merge(self.sources, ledger)
-        for part, result in zip(parts, engine.map(encode_part, context, parts)):
+        for part, result in zip(parts, self._guarded(engine, context, parts)):
             _note_backend(self.encoder, result.backend)
             merged.add(part, result)
             yield result
         merged.finish()
+
+    def _guarded(self, engine: "Engine", context: EncodeContext, parts: list[Part]) -> Iterator["PartResult"]:
+        """The encode stage's results, in part order. With tiktoken, the data guard runs beside it
+        (:class:`DataGuard`) and no result is given out before the guard has passed; where it finds
+        a difference, the results are dropped (every task ended first) and the stage runs again
+        with HF, whose results alone are given out: the output is what HF alone gives."""
+        if self.encoder.backend_name != "tiktoken":
+            yield from engine.map(encode_part, context, parts)
+            return
+        guard = DataGuard(context, parts)
+        stage = engine.map(encode_part, context, parts)
+        try:
+            held = []
+            for result in stage:
+                held.append(result)
+                if guard.finished:
+                    break
+            problem = guard.verdict()
+            if problem is None:
+                yield from held
+                yield from stage
+                return
+        finally:
+            stage.close()  # a local engine waits for its running tasks: none writes a spill after this
+            guard.stop()  # nor does the guard outlive the stage (a run that fails, say)
+        self.encoder._refuse_tiktoken(problem, True, f" (found by the check of this run's first {guard.chars:,} "
+                                      "characters against HF); encoding every record again with HF")
+        _ = self.encoder._backend  # the HF tokenizer, built here once: forked workers share it
+        yield from engine.map(encode_part, replace(context, config=replace(self.config, tokenizer_backend="hf")),
+                              parts)
 
 
 @dataclass
@@ -146,28 +181,13 @@ def encode_part(context: EncodeContext, part: Part) -> PartResult:
     encoder = context.loaded_encoder()
     ledger = Ledger(context.config.on_error)
     sink = context.sink(part)
-    fmt, forced = context.formats[part.source], bool(context.config.format)
     seen: Counter = Counter()
     records = read_part(part)
-
-    def normalized() -> Iterator[tuple[int, Record, Conversation | Rejected]]:
-        for record in records:
-            number = ledger.add()
-            if record.error is not None:
-                yield number, record, Rejected(record.error, "unreadable")
-                continue
-            own = fmt if forced else detect_format(record.data, context.fields) or fmt
-            seen[own] += 1
-            try:
-                yield number, record, normalize(record.data, own, context.fields, context.policy)
-            except Rejected as exc:
-                yield number, record, exc
-
     tokens = 0
     failure = None
     with encoder.one_thread():  # the engine's workers are the parallelism
         try:
-            for batch in _in_batches(normalized(), BATCH):
+            for batch in _in_batches(_normalized(context, part, records, ledger, seen), BATCH):
                 done = iter(encoder.encode([c for _, _, c in batch if not isinstance(c, Rejected)]))
                 items = [(n, r, c, c if isinstance(c, Rejected) else next(done)) for n, r, c in batch]
                 tokens += sink.take(items, ledger)
@@ -176,6 +196,142 @@ def encode_part(context: EncodeContext, part: Part) -> PartResult:
                        "reason": exc.reason}
     return PartResult(records.lines, ledger.status, ledger.reasons, ledger.changes, seen,
                       ledger.turns_not_located, ledger.entries, failure, tokens, encoder.backend_name, sink.finish())
+
+
+def _normalized(context: EncodeContext, part: Part, records: Iterable[Record], ledger: "Ledger",
+                seen: Counter) -> Iterator[tuple[int, Record, Conversation | Rejected]]:
+    """A part's records, numbered by ``ledger``, each normalized or the ``Rejected`` in its place
+    (``seen`` counts their formats): what the encode stage encodes, and the data guard checks."""
+    fmt, forced = context.formats[part.source], bool(context.config.format)
+    for record in records:
+        number = ledger.add()
+        if record.error is not None:
+            yield number, record, Rejected(record.error, "unreadable")
+            continue
+        own = fmt if forced else detect_format(record.data, context.fields) or fmt
+        seen[own] += 1
+        try:
+            yield number, record, normalize(record.data, own, context.fields, context.policy)
+        except Rejected as exc:
+            yield number, record, exc
+
+
+class DataGuard:
+    """The data guard of a run that encodes with tiktoken: a process forked from the driver as the
+    encode stage starts renders the run's first texts as the stage does (the first parts' records,
+    in input order, up to ``GUARD_CHARS`` characters: what the workers encode first) and compares
+    the fast path's ids and cuts on them with HF's (``ChatEncoder.differs_from_hf``), building the
+    HF tokenizer there. ``Encoding.run`` gives out no result before it has passed.
+
+    A process rather than a thread of the driver: building llama3's HF tokenizer holds the GIL for
+    0.4-0.5 s, which would stall the driver for as long (the pool's feeding of its workers, or the
+    one worker that runs in the driver); and the HF tokenizer's 100-145 MiB leave with the process.
+    It ends with ``os._exit`` (multiprocessing's way): no atexit handler of the driver runs there.
+    """
+
+    NAME = "packprep-data-guard"
+    checked = 0  # characters compared with HF by this process's data guards (tests read it)
+
+    def __init__(self, context: EncodeContext, parts: list[Part]):
+        import multiprocessing
+
+        self.context, self.parts = context, parts
+        self.chars = 0  # of the texts compared
+        self._said = None  # what the guard sent: ("ok", (chars, problem or None)) or ("error", exception)
+        self._receive, send = multiprocessing.Pipe(duplex=False)
+        self._process = multiprocessing.get_context("fork").Process(target=self._run, args=(send,), name=self.NAME,
+                                                                    daemon=True)
+        try:
+            with _interrupt_after_fork():
+                self._process.start()
+        finally:
+            send.close()  # the guard's end is the only one left: its death is an EOF here
+
+    @property
+    def finished(self) -> bool:
+        return self._said is not None or self._receive.poll()
+
+    def verdict(self) -> str | None:
+        """Wait for the guard: None if it found no difference, else the first; its error if it failed."""
+        if self._said is None:
+            try:
+                self._said = self._receive.recv()
+            except EOFError:
+                pass
+            self._process.join()
+            self._receive.close()
+            if self._said is None:
+                self._said = ("error", RuntimeError("the data guard's process (tiktoken against HF on the first "
+                                                    f"texts) ended without a verdict, exit code {self._process.exitcode}"))
+            if self._said[0] == "ok":
+                self.chars = self._said[1][0]
+                DataGuard.checked += self.chars
+        kind, value = self._said
+        if kind == "error":
+            raise value
+        return value[1]
+
+    def stop(self) -> None:
+        """End the guard's process: a run that fails does not wait for it."""
+        if self._said is None and self._process.is_alive():
+            self._process.kill()
+        self._process.join()
+
+    def _run(self, send) -> None:
+        """In the forked process."""
+        gc.freeze()  # the driver's objects stay out of this process's collections: no copy-on-write of them
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core, beside the workers
+        try:
+            with self.context.encoder.one_thread():
+                rendered = self._first_texts()
+                said = ("ok", (sum(len(r.text) for r in rendered), self.context.encoder.differs_from_hf(rendered)))
+        except BaseException as exc:  # the driver raises it
+            said = ("error", exc)
+        try:
+            pickle.loads(pickle.dumps(said))
+        except Exception:  # an error that would not arrive whole
+            said = ("error", RuntimeError(f"the data guard failed: {said[1]!r}"))
+        try:
+            send.send(said)
+        except OSError:  # the driver is gone
+            pass
+
+    def _first_texts(self) -> list:
+        """The texts the run encodes first, rendered as ``ChatEncoder.encode`` renders them."""
+        encoder, rendered, chars = self.context.encoder, [], 0
+        for part in self.parts:
+            for _, _, conversation in _normalized(self.context, part, read_part(part), Ledger(), Counter()):
+                if isinstance(conversation, Rejected):
+                    continue
+                try:
+                    rendered.append(encoder.render(conversation))
+                except Rejected:
+                    continue
+                chars += len(rendered[-1].text)
+                if chars >= GUARD_CHARS:
+                    return rendered
+        return rendered
+
+
+@contextmanager
+def _interrupt_after_fork():
+    """A Ctrl-C that arrives while this process forks is raised once the fork is done: CPython may
+    run its handler inside the fork's after-fork callbacks, which drop the KeyboardInterrupt (the
+    run would go on). The forked process keeps the stand-in handler: the driver ends it."""
+    previous = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+    if previous is None:  # not the main thread, or a handler Python did not install: leave it be
+        yield
+        return
+    caught = []
+    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught and callable(previous):
+            previous(signal.SIGINT, None)  # Python's own raises KeyboardInterrupt here
+        elif caught and previous == signal.SIG_DFL:
+            signal.raise_signal(signal.SIGINT)
 
 
 class RecordFailure(Exception):

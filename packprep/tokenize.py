@@ -86,10 +86,13 @@ class ChatEncoder:
     A tokenizer folder's conversion, once made and through the guard on the sample, is recorded
     in the cache with HF's ids on that sample (tiktoken_backend.fast_backend). A later run with the
     same tokenizer.json and versions rebuilds it from there, checks it on the recorded ids, and
-    never builds the ``tokenizers.Tokenizer`` (0.3-0.5 s of start-up for llama3) unless a text
-    needs HF (``can_encode``) or ``backend="hf"``; the runtime guard, which needs HF, ran when
-    the conversion was made and is not run again. A difference the runtime guard finds is
-    recorded too: later runs then use HF from the start.
+    builds no ``tokenizers.Tokenizer`` (0.3-0.5 s of start-up for llama3) unless a text needs HF
+    (``can_encode``) or ``backend="hf"``; its runtime guard, which needs HF, is off then. ``pack``
+    and ``stats`` check their data on every run with tiktoken all the same: the data guard
+    (encode.DataGuard, through ``differs_from_hf``) compares the first ``GUARD_CHARS`` characters
+    of the run's input with HF in a process beside the workers, and on a difference the encode
+    stage runs again with HF. A difference either guard finds is recorded too: later runs then
+    use HF from the start.
     """
 
     def __init__(self, tokenizer, train_on: str = "assistant", backend: str = "auto"):
@@ -146,15 +149,16 @@ class ChatEncoder:
             return "tiktoken+hf"
         return next(iter(self.backends_used), self.backend_name)
 
-    def _refuse_tiktoken(self, reason: str, remember: bool = False) -> None:
+    def _refuse_tiktoken(self, reason: str, remember: bool = False, then: str = "") -> None:
+        """Use HF from here on (``then``: what else follows, for the warning)."""
         self._fast = None
-        if remember:  # the runtime guard found it: the next run goes to HF at once
+        if remember:  # a data guard found it: the next run goes to HF at once
             from .tiktoken_backend import remember_difference
 
             remember_difference(self.tokenizer, f"an earlier run found that {reason}")
         if self.requested_backend == "tiktoken":
             raise ConfigError(f"--tokenizer-backend tiktoken is not possible with this tokenizer: {reason}")
-        warnings.warn(f"tokenizing with Hugging Face tokenizers, not tiktoken: {reason}", stacklevel=3)
+        warnings.warn(f"tokenizing with Hugging Face tokenizers, not tiktoken: {reason}{then}", stacklevel=3)
 
     @property
     def has_template(self) -> bool:
@@ -211,11 +215,19 @@ class ChatEncoder:
                 self._guard_chars -= len(rendered[n].text)
                 n += 1
             expected = self._encode(rendered[:n], None)
-            for r, want, got in zip(rendered, expected, results):
-                if not (np.array_equal(want[0], got[0]) and list(want[1]) == list(got[1])):
-                    self._refuse_tiktoken(f"it tokenizes this text differently from HF: {r.text[:60]!r}", True)
-                    return expected + self._encode(rendered[n:], None)
+            problem = _first_difference(rendered, expected, results)
+            if problem:
+                self._refuse_tiktoken(problem, True)
+                return expected + self._encode(rendered[n:], None)
         return results
+
+    def differs_from_hf(self, rendered: list[Rendered]) -> str | None:
+        """The data guard's comparison (encode.DataGuard): None if the fast path gives HF's ids and
+        cuts on every text, else which text it does not (as the runtime guard says it)."""
+        fast = self._fast
+        if fast is None:
+            return None
+        return _first_difference(rendered, self._encode(rendered, None), self._encode(rendered, fast))
 
     def _encode(self, rendered: list[Rendered], fast) -> list[tuple[np.ndarray, list[int]]]:
         results: list[Any] = [None] * len(rendered)
@@ -234,6 +246,14 @@ class ChatEncoder:
                     bounds = [c for span in rendered[i].spans for c in span]
                     results[i] = (ids, [_first_token_at_or_after(encoding, c, len(ids), n) for c in bounds])
         return results
+
+
+def _first_difference(rendered: list[Rendered], expected: list, got: list) -> str | None:
+    """None if ``got`` has ``expected``'s ids and cuts for each text (``expected`` may be shorter)."""
+    for r, want, have in zip(rendered, expected, got):
+        if not (np.array_equal(want[0], have[0]) and list(want[1]) == list(have[1])):
+            return f"it tokenizes this text differently from HF: {r.text[:60]!r}"
+    return None
 
 
 def _first_token_at_or_after(encoding, char: int, n_tokens: int, text_length: int) -> int:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
 import shutil
 import tempfile
 from contextlib import nullcontext
@@ -11,7 +13,7 @@ import numpy as np
 import pytest
 
 import packprep
-from packprep import tiktoken_backend
+from packprep import encode, tiktoken_backend
 from packprep.errors import ConfigError
 from packprep.normalize import Conversation, Rejected
 from packprep.tiktoken_backend import TiktokenBackend, check_equivalence, guard_sample
@@ -200,15 +202,17 @@ def test_the_data_guard_catches_what_the_sample_missed(tokenizers, monkeypatch):
 
 @needs_fixtures
 def test_the_manifest_says_when_worker_processes_fell_back_to_hf(tokenizers, monkeypatch, tmp_path):
-    """Each worker runs the data guard on its own first texts; a fallback there must reach the manifest."""
+    """On the run that makes the conversion each worker also runs the runtime guard on its own first
+    texts; a fallback there, past what the driver's data guard checks, must reach the manifest."""
     import json
 
     swap_ranks(monkeypatch, b" Paris", b" London")
     monkeypatch.setattr(tiktoken_backend, "guard_sample", lambda tokenizer: ["nothing to see"])
+    monkeypatch.setattr(encode, "GUARD_CHARS", 1000)  # the driver's guard checks the first records only
     data = tmp_path / "chats.jsonl"
     with open(data, "w") as handle:
-        for i in range(600):  # three batches of 256; only the first mentions Paris
-            reply = "It is Paris." if i < 256 else f"It is number {i}."
+        for i in range(600):  # three batches of 256; only the second mentions Paris
+            reply = "It is Paris." if 256 <= i < 512 else f"It is number {i}."
             handle.write(json.dumps({"messages": [{"role": "user", "content": "Capital?"},
                                                   {"role": "assistant", "content": reply}]}) + "\n")
     outputs = {}
@@ -227,21 +231,28 @@ def pack_outputs(folder) -> dict:
             if p.is_file() and p.name != "packprep.json"}
 
 
-def no_hf_tokenizer(monkeypatch):
-    """Building a folder's ``tokenizers.Tokenizer`` fails from here on, in this process and in the
-    processes it forks."""
-    def refuse(self):
-        raise AssertionError(f"built the tokenizers.Tokenizer of {self.name_or_path}")
+def hf_tokenizer_only_in_the_data_guard(monkeypatch):
+    """From here on a folder's ``tokenizers.Tokenizer`` is built (or used) only in the data guard's
+    process (encode.DataGuard), forked as the encode stage starts: never in the driver (its start-up
+    included), nor in the workers."""
+    build = FolderTokenizer.backend_tokenizer.fget
 
-    monkeypatch.setattr(FolderTokenizer, "backend_tokenizer", property(refuse))
+    def only_in_the_guard(self):
+        if multiprocessing.current_process().name != encode.DataGuard.NAME:
+            raise AssertionError(f"built the tokenizers.Tokenizer of {self.name_or_path} in "
+                                 f"{multiprocessing.current_process().name}, process {os.getpid()}")
+        return build(self)
+
+    monkeypatch.setattr(FolderTokenizer, "backend_tokenizer", property(only_in_the_guard))
 
 
 @needs_fixtures
 @pytest.mark.parametrize("name", BYTE_LEVEL)
 def test_a_warm_cache_packs_without_the_hf_tokenizer_and_writes_the_same_bytes(tmp_path, monkeypatch, name):
     """Start-up: the first run makes the conversion, checks it against HF and records it; the next
-    runs rebuild it from the record, never build the tokenizers.Tokenizer (0.3-0.5 s for llama3),
-    and write the same shards, card, rejects and manifest (but for its timestamp-free run fields)."""
+    runs rebuild it from the record, build no tokenizers.Tokenizer (0.3-0.5 s for llama3) but in
+    the data guard's process, beside the workers, and write the same shards, card, rejects and
+    manifest."""
     monkeypatch.setenv("PACKPREP_CACHE", str(tmp_path / "cache"))
     source = str(CONVERSATIONS / "llamafactory_glaive_toolcall_en_demo.json")
     loads = FolderTokenizer.backend_loads
@@ -249,10 +260,13 @@ def test_a_warm_cache_packs_without_the_hf_tokenizer_and_writes_the_same_bytes(t
     assert FolderTokenizer.backend_loads > loads  # the run that made the conversion needed HF
     assert sorted(p.name.split("-v1-")[0] for p in (tmp_path / "cache").iterdir()) == \
         ["tiktoken-ranks", "tiktoken-verified"]
-    no_hf_tokenizer(monkeypatch)
+    hf_tokenizer_only_in_the_data_guard(monkeypatch)
     for num_proc in (1, 2):  # in this process, and in forked workers
+        loads, checked = FolderTokenizer.backend_loads, encode.DataGuard.checked
         warm = packprep.pack(source, tmp_path / f"warm{num_proc}", fixture_tokenizer(name), max_len=2048,
                              num_proc=num_proc)
+        assert FolderTokenizer.backend_loads == loads, "the driver built none (the data guard's process did)"
+        assert encode.DataGuard.checked - checked >= encode.GUARD_CHARS, "it checked the first 200k characters"
         assert warm["tokenizer"] == cold["tokenizer"]  # vocab_size, eos_token, hashes, backend "tiktoken"
         assert warm["tokenizer"]["backend"] == "tiktoken"
         assert warm["counts"] == cold["counts"]
@@ -408,3 +422,111 @@ def test_texts_only_hf_can_encode_still_go_to_hf_on_a_warm_cache(tmp_path, monke
         assert manifest["tokenizer"]["backend"] == ("tiktoken" if backend == "auto" else "hf")
         outputs[backend] = pack_outputs(tmp_path / backend / "data")
     assert outputs["auto"] and outputs["auto"] == outputs["hf"]
+
+
+WORD = "Zanzibar"  # in the test data, not in the built-in guard sample
+
+
+def tiktoken_differs_on(monkeypatch, word: str):
+    """From here on (and in forked workers) the fast path drops the last token of ``word`` (as it
+    encodes after a space) wherever a text holds it: a conversion wrong on one word, which the
+    guard sample never shows."""
+    encode_batch = TiktokenBackend.encode_batch
+
+    def altered(self, texts, add_special_tokens=False, positions=None):
+        out = encode_batch(self, texts, add_special_tokens, positions)
+        [(word_ids, _)] = encode_batch(self, [" " + word])
+        assert len(word_ids) >= 2
+        changed = []
+        for text, (ids, cuts) in zip(texts, out):
+            if word in text:
+                windows = np.lib.stride_tricks.sliding_window_view(ids, len(word_ids))
+                hits = np.flatnonzero((windows == word_ids).all(axis=1))
+                assert len(hits)
+                ids = np.delete(ids, hits + len(word_ids) - 1)
+            changed.append((ids, cuts))
+        return changed
+
+    monkeypatch.setattr(TiktokenBackend, "encode_batch", altered)
+
+
+def chats_mentioning(path, word: str, count: int = 3000):
+    with open(path, "w") as handle:
+        for i in range(count):
+            reply = (f"Answer {i}: " + ("the spice islands of " + word if i % 97 == 5 else "nothing special") +
+                     ". " + "Some more words to make this reply longer than a line. " * 6)
+            handle.write(json.dumps({"messages": [{"role": "user", "content": f"Tell me about place {i}."},
+                                                  {"role": "assistant", "content": reply}]}) + "\n")
+    return str(path)
+
+
+@needs_fixtures
+def test_a_difference_in_the_data_reruns_the_encode_stage_with_hf(tmp_path, monkeypatch):
+    """Warm cache, so no process runs the runtime guard of its own: the data guard (the first 200k
+    characters, in a process beside the workers) finds the difference, the encode stage
+    runs again with HF, and the output is HF's, byte for byte, with one process or two; the manifest
+    says hf and the verdict is cached. Without the guard the output would be wrong."""
+    from packprep.read import plan_parts, resolve_inputs
+
+    tokenizer = fixture_tokenizer("llama3")
+    assert not any(WORD in text for text in guard_sample(load_tokenizer(tokenizer)))
+    monkeypatch.setenv("PACKPREP_CACHE", str(tmp_path / "warm"))
+    ChatEncoder(load_tokenizer(tokenizer))  # the run that makes, checks and records the conversion
+    data = chats_mentioning(tmp_path / "chats.jsonl", WORD)
+    assert len(plan_parts(resolve_inputs([data]), 2)) >= 2, "both workers encode"
+    settings = dict(max_len=1024, seed=3)
+    hf = packprep.pack(data, tmp_path / "hf", tokenizer, num_proc=1, tokenizer_backend="hf", **settings)
+    tiktoken_differs_on(monkeypatch, WORD)
+
+    def warm_cache(name):  # a copy of the warm cache for each run: the first rerun records "differs"
+        shutil.copytree(tmp_path / "warm", tmp_path / name)
+        monkeypatch.setenv("PACKPREP_CACHE", str(tmp_path / name))
+
+    warm_cache("cache-unguarded")
+    with monkeypatch.context() as unguarded:
+        unguarded.setattr(ChatEncoder, "differs_from_hf", lambda self, rendered: None)
+        wrong = packprep.pack(data, tmp_path / "wrong", tokenizer, num_proc=2, **settings)
+    assert wrong["tokenizer"]["backend"] == "tiktoken"
+    assert pack_outputs(tmp_path / "wrong" / "data") != pack_outputs(tmp_path / "hf" / "data")
+    for num_proc in (1, 2):
+        warm_cache(f"cache{num_proc}")
+        with pytest.warns(UserWarning, match="tokenizes this text differently from HF: .*encoding every "
+                                             "record again with HF"):
+            manifest = packprep.pack(data, tmp_path / f"auto{num_proc}", tokenizer, num_proc=num_proc, **settings)
+        assert manifest["tokenizer"]["backend"] == "hf"
+        assert {key for key in manifest if manifest[key] != hf[key]} == {"config"}  # tokenizer_backend "auto"
+        assert pack_outputs(tmp_path / f"auto{num_proc}" / "data") == pack_outputs(tmp_path / "hf" / "data")
+        with pytest.warns(UserWarning, match="an earlier run found that it tokenizes this text differently"):
+            assert ChatEncoder(load_tokenizer(tokenizer)).backend_name == "hf", "later runs go to HF at once"
+    warm_cache("cache-explicit")
+    with pytest.raises(ConfigError, match="tiktoken is not possible with this tokenizer: it tokenizes"):
+        packprep.pack(data, tmp_path / "explicit", tokenizer, num_proc=2, tokenizer_backend="tiktoken", **settings)
+
+
+@needs_fixtures
+def test_stats_has_the_same_data_guard(tmp_path, monkeypatch):
+    tokenizer = fixture_tokenizer("llama3")
+    monkeypatch.setenv("PACKPREP_CACHE", str(tmp_path / "warm"))
+    ChatEncoder(load_tokenizer(tokenizer))
+    data = chats_mentioning(tmp_path / "chats.jsonl", WORD)
+    hf = packprep.stats(data, tokenizer, num_proc=1, tokenizer_backend="hf")
+    tiktoken_differs_on(monkeypatch, WORD)
+    with pytest.warns(UserWarning, match="encoding every record again with HF"):
+        assert packprep.stats(data, tokenizer, num_proc=2) == hf
+
+
+@needs_fixtures
+@pytest.mark.parametrize("failure", ["raises", "dies"])
+def test_a_data_guard_that_fails_stops_the_run(tmp_path, monkeypatch, failure):
+    """No verdict is no pass: the run stops, saying why, rather than keep tiktoken's output unchecked."""
+    def differs_from_hf(self, rendered):
+        if failure == "dies":
+            os._exit(3)
+        raise ValueError("not today")
+
+    monkeypatch.setattr(ChatEncoder, "differs_from_hf", differs_from_hf)
+    match = "not today" if failure == "raises" else "ended without a verdict, exit code 3"
+    with pytest.raises(ValueError if failure == "raises" else RuntimeError, match=match):
+        packprep.pack(str(CONVERSATIONS / "llamafactory_glaive_toolcall_en_demo.json"), tmp_path / "out",
+                      fixture_tokenizer("llama3"), max_len=2048, num_proc=2)
+    assert not (tmp_path / "out").exists()
