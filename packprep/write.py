@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .engines import runs_per_item
+from .engines import LocalEngine, runs_per_item
 from .errors import ConfigError, OutputError
 from .layout import ROW_SCHEMA
 from .materialize import Segments, TokenStore, materialize
@@ -173,15 +173,13 @@ def write_shards(
     Three stages of ``engine``'s workers (default: this process): where the shards are too few to
     keep every worker busy, each is cut into pieces of whole row groups, written side by side
     (:func:`write_piece`); each shard's pieces are joined into it (:func:`join_shard`);
-    with ``check``, the shards are read back and checked a few row groups a task
-    (:func:`packprep.verify.check_shards`). A joined shard is byte for byte what one writer makes (``packprep.join``),
-    so the bytes depend neither on the engine nor on the number of workers. ``tokens_done`` is
-    called once every piece is written: the token store is not read after that.
+    with ``check``, the shards are read back and checked, a run of row groups a task
+    (:func:`packprep.verify.check_shards`). A joined shard is byte for byte what one writer makes
+    (``packprep.join``), so the bytes depend neither on the engine nor on the number of workers.
+    ``tokens_done`` is called once every piece is written: the token store is not read after that.
     Memory: each writer holds one row group (``ROW_GROUP_TOKENS`` tokens) and its Parquet buffers,
     and at most ``WRITERS_MEMORY // WRITER_BYTES`` writers run at once.
     """
-    from .engines import LocalEngine
-
     engine = engine or LocalEngine()
     _arrow_ready()
     row_lengths = segments.row_lengths()
