@@ -158,10 +158,10 @@ def check_shards(context: ShardContext, shards: list[dict], engine: Engine, work
     single one runs here, unforked.)"""
     workers = min(engine.workers, workers or engine.workers)
     per_shard = runs_per_item(len(shards), workers)
-    owners, parts = zip(*[(n, (shard, groups)) for n, shard in enumerate(shards)
-                          for groups in _group_runs(context, shard, per_shard)]) if shards else ((), ())
+    runs = [(n, groups) for n, shard in enumerate(shards) for groups in _group_runs(context, shard, per_shard)]
+    parts = [(shards[n], groups) for n, groups in runs]
     checked: list[list[ShardCheck]] = [[] for _ in shards]
-    for n, part in zip(owners, engine.map(check_part, context, parts, workers=max(1, min(workers, len(parts))))):
+    for (n, _), part in zip(runs, engine.map(check_part, context, parts, workers=max(1, min(workers, len(parts))))):
         checked[n].append(part)
     return [joined_check(parts, shard) for parts, shard in zip(checked, shards)]
 

@@ -184,7 +184,7 @@ def write_shards(
     _arrow_ready()
     row_lengths = segments.row_lengths()
     plan = plan_shards(row_lengths, np.diff(segments.offsets), shard_bytes)
-    job = ShardJob(folder, store, segments, max_len, shard_format, len(plan), check)
+    job = ShardJob(folder, store, segments, max_len, shard_format, len(plan))
     (folder / PIECES).mkdir()
     writers = max(1, min(engine.workers, WRITERS_MEMORY // WRITER_BYTES))
     pieces = shard_pieces(plan, job.rows_per_group, writers)
@@ -236,10 +236,10 @@ def shard_pieces(plan: list[tuple[int, int]], rows_per_group: int, workers: int)
 class ShardJob:
     """What writing any shard needs: the write stage's context (the token store's index, the pieces)."""
 
-    def __init__(self, folder, store, segments, max_len, shard_format, count, check=None):
+    def __init__(self, folder, store, segments, max_len, shard_format, count):
         self.folder, self.store, self.segments = folder, store, segments
         self.rows_per_group = max(1, ROW_GROUP_TOKENS // max(1, max_len))
-        self.shard_format, self.count, self.check = shard_format, count, check
+        self.shard_format, self.count = shard_format, count
 
     def piece_path(self, index: int, number: int) -> Path:
         return self.folder / PIECES / f"{index:05d}-{number:05d}.{self.shard_format}"
