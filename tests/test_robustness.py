@@ -172,6 +172,44 @@ def test_sigkill_while_writing_leaves_no_output_and_a_rerun_completes(tmp_path, 
     assert siblings(out) == [], "the rerun removed the stale temporary folder"
 
 
+KILLED_PARENT = """
+import os, sys, time
+from pathlib import Path
+from packprep.engines import LocalEngine
+
+def slow(folder, item):
+    (Path(folder) / f"started-{os.getpid()}").touch()
+    time.sleep(30)
+    (Path(folder) / "written").touch()  # a spill or a shard, written after the run was killed
+
+for _ in LocalEngine(2).map(slow, sys.argv[1], range(4)):
+    pass
+"""
+
+
+def test_sigkill_leaves_no_worker_running_or_writing(tmp_path):
+    """A killed run's forked workers exit with it: none finishes its task, writing into the run's
+    output after it ended, and none waits for another task forever."""
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_PARENT, str(tmp_path)], env=ENV)
+    started = lambda: [int(p.name.split("-")[1]) for p in tmp_path.glob("started-*")]  # noqa: E731
+    wait_for(proc, lambda: len(started()) == 2, "both workers started a task")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+
+    def alive(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as handle:
+                return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + 10
+    while any(alive(pid) for pid in started()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(alive(pid) for pid in started()), "a worker outlived its killed parent"
+    assert not (tmp_path / "written").exists()
+
+
 def test_sigint_exits_with_a_clean_message_and_leaves_nothing(tmp_path, big_input):
     out = tmp_path / "out"
     proc = start_pack(big_input, out)

@@ -14,6 +14,8 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import os
+import threading
+import time
 from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any, Callable, Iterable, Iterator, Protocol
@@ -78,13 +80,57 @@ def _call(fn: Callable, item: Any) -> Any:
     return fn(_CONTEXT, item)
 
 
-class LocalEngine:
-    """Forked processes of this machine; one worker runs the stage in this process.
+def _exit_with_parent(parent: int) -> None:
+    """In a forked worker: exit as soon as the process that forked it is gone (killed, say), instead
+    of finishing its task, writing into a run that has ended, and then waiting forever for the next."""
 
-    Workers are forked once a stage, after its context is set, so they inherit it (a loaded
-    tokenizer, a token store's index) instead of receiving it pickled. Each worker is one CPU:
-    libraries that would start threads of their own are told not to.
-    """
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="packprep-parent-watch", daemon=True).start()
+
+
+class ForkedWorkers:
+    """``workers`` processes forked from this one for one stage, after its ``context`` is set: they
+    inherit it (a loaded tokenizer, a token store's index) instead of receiving it pickled. A
+    context that loads something lazily says so with a ``load()`` method, called here first, so
+    that it is loaded once, not once a worker. Each worker is one CPU: libraries that would start
+    threads of their own are told not to. Used by :class:`LocalEngine`, and on each node of a Ray
+    cluster by ``engines/ray.py``."""
+
+    def __init__(self, context: Any, workers: int):
+        global _CONTEXT
+        if hasattr(context, "load"):
+            context.load()
+        self._saved = os.environ.get("TOKENIZERS_PARALLELISM")
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        _CONTEXT = context
+        gc.freeze()  # the parent's objects stay out of the workers' collections: fewer copy-on-write pages
+        self.pool = ProcessPoolExecutor(workers, multiprocessing.get_context("fork"),
+                                        initializer=_exit_with_parent, initargs=(os.getpid(),))
+
+    def submit(self, fn: Callable[[Any, Any], Any], item: Any) -> Future:
+        return self.pool.submit(_call, fn, item)
+
+    def close(self) -> None:
+        """Cancel the tasks not started and wait for the running ones: none runs after this."""
+        global _CONTEXT
+        try:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+        finally:
+            gc.unfreeze()
+            _CONTEXT = None
+            if self._saved is None:
+                os.environ.pop("TOKENIZERS_PARALLELISM", None)
+            else:
+                os.environ["TOKENIZERS_PARALLELISM"] = self._saved
+
+
+class LocalEngine:
+    """Forked processes of this machine (:class:`ForkedWorkers`, a pool a stage); one worker runs
+    the stage in this process."""
 
     def __init__(self, workers: int = 1):
         self.workers = max(1, workers)
@@ -95,25 +141,12 @@ class LocalEngine:
             for item in items:
                 yield fn(context, item)
             return
-        global _CONTEXT
-        saved = os.environ.get("TOKENIZERS_PARALLELISM")
-        os.environ["TOKENIZERS_PARALLELISM"] = "false"
-        _CONTEXT = context
-        gc.freeze()  # the driver's objects stay out of the workers' collections: fewer copy-on-write pages
+        pool = ForkedWorkers(context, workers)
         try:
-            pool = ProcessPoolExecutor(workers, multiprocessing.get_context("fork"))
-            try:
-                yield from ordered(lambda item: pool.submit(_call, fn, item), Future.result, items,
-                                   workers * IN_FLIGHT_PER_WORKER)
-            finally:  # a failed or abandoned stage does not wait for tasks nobody will collect
-                pool.shutdown(wait=True, cancel_futures=True)
-        finally:
-            gc.unfreeze()
-            _CONTEXT = None
-            if saved is None:
-                os.environ.pop("TOKENIZERS_PARALLELISM", None)
-            else:
-                os.environ["TOKENIZERS_PARALLELISM"] = saved
+            yield from ordered(lambda item: pool.submit(fn, item), Future.result, items,
+                               workers * IN_FLIGHT_PER_WORKER)
+        finally:  # a failed or abandoned stage does not wait for tasks nobody will collect
+            pool.close()
 
     def close(self) -> None:
         pass
