@@ -124,8 +124,9 @@ class Encoding:
 
 @dataclass
 class EncodeContext:
-    """What every encode task shares. Forked workers inherit the driver's loaded ``encoder``;
-    elsewhere (a Ray node) it is loaded once per process from ``tokenizer_files``."""
+    """What every encode task shares. Forked workers inherit the driver's loaded ``encoder``; on a
+    Ray node it is loaded from ``tokenizer_files`` by :meth:`load`, once a node, before the node's
+    workers fork."""
 
     tokenizer_name: str
     config: "PackConfig"
@@ -140,6 +141,10 @@ class EncodeContext:
         # a loaded tokenizer does not pickle: the receiving process loads it again, from the files
         files = self.tokenizer_files or _tokenizer_files(self.tokenizer_name)
         return {**self.__dict__, "encoder": None, "tokenizer_files": files}
+
+    def load(self) -> None:
+        """Load the tokenizer now: an engine does this before it forks workers, which then share it."""
+        self.loaded_encoder()
 
     def loaded_encoder(self) -> ChatEncoder:
         if self.encoder is None:

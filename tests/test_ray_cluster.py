@@ -72,8 +72,15 @@ def span(context, item: int) -> tuple[float, float]:
     return start, time.time()
 
 
+def span_then_mark(context: tuple[float, str], item: int) -> int:
+    seconds, folder = context
+    time.sleep(seconds)
+    (Path(folder) / str(item)).touch()  # what a stage's task writes (a spill, a shard)
+    return os.getpid()
+
+
 @pytest.fixture(scope="module")
-def engine():
+def cluster():
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(initialize_head=True, head_node_args={
@@ -81,12 +88,22 @@ def engine():
     for _ in range(NODES - 1):
         cluster.add_node(num_cpus=1, object_store_memory=OBJECT_STORE)
     cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False)  # engines find this process connected
+    try:
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+@pytest.fixture
+def engine(cluster):
+    """An engine of its own for each test: its actors hold the cluster's CPUs until it is closed."""
     engine = RayEngine(NODES, cluster.address)
     try:
         yield engine
     finally:
         engine.close()
-        cluster.shutdown()
 
 
 def test_results_in_item_order_equal_the_local_engine(engine):
@@ -125,13 +142,64 @@ def test_a_task_error_reaches_the_driver_as_itself(engine):
     assert list(engine.map(fail_on_seven, None, range(5))) == list(range(5))  # the engine still works
 
 
-def test_a_consumer_that_stops_early_does_not_wait_for_the_rest(engine):
+def test_a_consumer_that_stops_early_does_not_wait_for_the_rest(engine, tmp_path):
     started = time.monotonic()
-    results = engine.map(span, 0.5, range(100))
+    results = engine.map(span_then_mark, (0.5, str(tmp_path)), range(100))
     next(results), next(results)
     results.close()
     assert time.monotonic() - started < 10  # 100 tasks of 0.5 s on 4 CPUs would take 12.5 s
-    assert list(engine.map(shift, Context("after"), range(4))) == [0, 1, 4, 9]
+    written = set(os.listdir(tmp_path))
+    time.sleep(1.5)  # a task still running would write its file in this time
+    assert set(os.listdir(tmp_path)) == written  # no task of the abandoned stage wrote after it
+    assert list(engine.map(shift, Context("after"), range(4))) == [0, 1, 4, 9]  # new workers took their place
+
+
+def family(context, item: int) -> tuple[int, int, int | None]:
+    time.sleep(0.05)
+    return os.getpid(), os.getppid(), getattr(context, "loaded_by", None)
+
+
+class Loads:
+    """A context with a ``load()`` method, like the encode stage's (it loads the tokenizer)."""
+
+    loaded_by = None
+
+    def load(self):
+        self.loaded_by = os.getpid()
+
+
+def test_each_node_forks_its_workers_from_one_process_that_lives_for_the_run(engine):
+    """A stage's tasks run in processes forked for it on each node, from one process a node that
+    imported the pipeline as it started and stays for every stage; it loads the stage's context
+    before it forks, so the workers share what it loaded."""
+    first = list(engine.map(family, Loads(), range(40)))
+    second = list(engine.map(family, Loads(), range(40, 80)))
+    parents = {parent for _, parent, _ in first}
+    assert len(parents) == NODES and {parent for _, parent, _ in second} == parents
+    assert {pid for pid, *_ in first}.isdisjoint({pid for pid, *_ in second})  # forked again for a stage
+    assert all(loaded_by == parent for _, parent, loaded_by in first + second)
+
+
+def test_more_workers_than_the_clusters_cpus_are_capped_not_waited_for(cluster):
+    engine = RayEngine(NODES * 2, cluster.address)
+    try:
+        assert engine.workers == NODES
+        assert list(engine.map(shift, Context("capped"), range(10))) == [i * i for i in range(10)]
+    finally:
+        engine.close()
+
+
+def test_a_worker_that_cannot_start_is_a_clear_error(cluster, monkeypatch):
+    from packprep.engines import ray as ray_engine
+
+    monkeypatch.setattr(ray_engine, "WARM_MODULES", ("packprep.no_such_module",))
+    engine = RayEngine(2, cluster.address)
+    try:
+        with pytest.raises(RuntimeError, match="could not start on a node of the Ray cluster: ModuleNotFoundError: No module named "
+                           "'packprep.no_such_module'. Is the same packprep installed on every node"):
+            list(engine.map(shift, Context("never"), range(3)))
+    finally:
+        engine.close()
 
 
 def test_close_leaves_a_ray_it_did_not_start(engine):
@@ -146,7 +214,7 @@ def test_missing_ray_is_a_config_error(monkeypatch):
         make_engine("ray", 1)
 
 
-def test_pack_on_four_nodes_writes_the_local_engines_bytes(engine, tmp_path, monkeypatch):
+def test_pack_on_four_nodes_writes_the_local_engines_bytes(cluster, tmp_path, monkeypatch):
     """The whole pipeline on the cluster: parts read, encoded and spilled by tasks on every node,
     shards written and checked by tasks; the folder is byte-identical to the local engine's."""
     import packprep
@@ -157,9 +225,8 @@ def test_pack_on_four_nodes_writes_the_local_engines_bytes(engine, tmp_path, mon
     monkeypatch.setattr(read, "MIN_PART_BYTES", 50_000)  # a dozen parts, so that every node reads some
     settings = {"max_len": 512, "seed": 3, "shard_size": "100KB"}
     local = packprep.pack(str(EXAMPLE_CHATS), tmp_path / "local", str(EXAMPLE_TOKENIZER), num_proc=2, **settings)
-    ray_address = engine.ray.get_runtime_context().gcs_address
     on_ray = packprep.pack(str(EXAMPLE_CHATS), tmp_path / "ray", str(EXAMPLE_TOKENIZER), num_proc=NODES,
-                           engine="ray", ray_address=ray_address, **settings)
+                           engine="ray", ray_address=cluster.address, **settings)
     assert len(on_ray["shards"]) > 1
     assert on_ray == local
     files = lambda folder: {str(p.relative_to(folder)): p.read_bytes()  # noqa: E731
@@ -185,3 +252,13 @@ def test_a_json_arrays_scan_runs_on_the_cluster_and_cuts_where_one_chunk_does(en
     monkeypatch.setattr(read, "JSON_CHUNK_BYTES", 1)  # a chunk a node
     assert read.plan_parts(sources, NODES, engine) == one_chunk
     assert len(one_chunk) > 10 and {p.kind for p in one_chunk} == {"json-range"}
+
+
+def test_workers_are_dealt_evenly_over_the_nodes_none_over_its_cpus():
+    from packprep.engines.ray import shares
+
+    assert shares(16, [4, 4, 4, 4]) == [4, 4, 4, 4]
+    assert shares(6, [4, 4, 4, 4]) == [2, 2, 1, 1]
+    assert shares(5, [1, 8, 2]) == [1, 2, 2]
+    assert shares(20, [1, 8, 2]) == [1, 8, 2]  # more than the cluster has: all of it
+    assert shares(3, [0, 2, 2]) == [0, 2, 1]

@@ -1,10 +1,14 @@
-"""Ray: :class:`RayEngine`, the :class:`~packprep.engines.Engine` on Ray core tasks
+"""Ray: :class:`RayEngine`, the :class:`~packprep.engines.Engine` on a Ray cluster
 (``packprep pack ... --engine ray [--ray-address ADDRESS]``).
 
-:class:`RayEngine` runs every item of a stage as one Ray task of one CPU. The stage's context is
-put in the object store once per :meth:`RayEngine.map` and reaches the tasks as a reference boxed
-in a list, so Ray does not resolve it per task; each worker process deserializes it at its first
-task of the stage and keeps it (a tokenizer that the context loads lazily is loaded once a worker).
+On each node of the cluster, :class:`RayEngine` starts one Ray actor that holds that node's share
+of the CPUs for the whole run (:class:`NodeWorkers`). A stage's tasks are calls to these actors;
+an actor runs them on :class:`~packprep.engines.ForkedWorkers`, processes it forks for the stage
+once the stage's context is loaded, as the local engine does on one machine. So a task runs in a
+plain forked process that shares its node's tokenizer, with none of a Ray worker's ~40 threads,
+and each node always has its next task queued. (A Ray task a part, and then an actor a CPU, were
+tried first: each of their Ray workers took 1-2 s to start and loaded the tokenizer itself, and on
+16 cores their tasks took 10-25% more CPU than the local engine's; README, "Scale".)
 
 Tasks read the inputs and write the token spills and shards themselves, under the output folder:
 on a cluster of several machines, inputs and output must be on a file system every node sees
@@ -13,13 +17,21 @@ on a cluster of several machines, inputs and output must be on a file system eve
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import logging
 import os
+import threading
 from collections import deque
 from typing import Any
 
 from ..errors import ConfigError
-from . import IN_FLIGHT_PER_WORKER, ordered
+from . import IN_FLIGHT_PER_WORKER, ForkedWorkers, ordered
+
+QUEUED_PER_NODE = 1  # calls sent a node beyond its workers: its next task waits there while they run (not
+# more: a task queued on one node at the end of a stage is one another node cannot take)
+WARM_MODULES = ("packprep.pipeline",)  # what a node imports as it starts: every stage's module
+RETRIES = 3  # an actor lost with its node is restarted and its calls run again, as Ray retries tasks
 
 
 def _import_ray():
@@ -27,8 +39,30 @@ def _import_ray():
     try:
         import ray
     except ImportError as exc:
-        raise ConfigError("--engine ray needs Ray, which is not installed: pip install 'packprep[ray]'") from exc
+        raise ConfigError(_INSTALL) from exc
     return ray
+
+
+_INSTALL = "--engine ray needs Ray, which is not installed: pip install 'packprep[ray]'"
+
+
+def _ray_installed() -> bool:
+    """Whether ``import ray`` can work, told without importing it (that takes a second or more)."""
+    try:
+        return importlib.util.find_spec("ray") is not None
+    except ValueError:  # sys.modules holds None for it: importing it fails
+        return False
+
+
+class _QuietThreadStart(logging.Filter):
+    """Ray warns that it sets no SIGTERM handler when started in a thread other than the main one;
+    the driver's signals are packprep's to handle."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "SIGTERM handler is not set" not in record.getMessage()
+
+
+_QUIET_THREAD_START = _QuietThreadStart()  # one instance: a logger adds it once however many engines start
 
 
 def _start_ray(ray, ray_address: str | None, num_proc: int) -> bool:
@@ -45,22 +79,100 @@ def _start_ray(ray, ray_address: str | None, num_proc: int) -> bool:
     return True
 
 
-_CONTEXTS: dict[str, Any] = {}  # in a worker process: the running stage's context, by object id
+def shares(total: int, capacities: list[int]) -> list[int]:
+    """``total`` workers dealt one at a time over nodes of these CPU ``capacities``: spread evenly,
+    none over its node's CPUs."""
+    given = [0] * len(capacities)
+    while total > 0 and any(g < c for g, c in zip(given, capacities)):
+        for n, capacity in enumerate(capacities):
+            if total > 0 and given[n] < capacity:
+                given[n] += 1
+                total -= 1
+    return given
 
 
-def _run_task(fn, boxed_context: list, item):
-    """One task on a worker: ``fn(context, item)``. The context arrives as a reference (boxed, so Ray
-    does not fetch it per task) and is deserialized at the worker's first task of the stage; what a
-    task caches on it (a lazily loaded tokenizer) stays for the worker's next tasks."""
-    import ray
+class NodeWorkers:
+    """A Ray actor: one node's workers for the whole run. For each stage it forks ``processes``
+    workers (at the stage's first call, once the stage's context is loaded) and runs the stage's
+    calls on them, several at once (a threaded actor)."""
 
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one task, one CPU (a runtime_env would start new workers)
-    ref = boxed_context[0]
-    key = ref.hex()
-    if key not in _CONTEXTS:
-        _CONTEXTS.clear()  # one stage at a time: free the last stage's context before loading this one
-        _CONTEXTS[key] = ray.get(ref)
-    return fn(_CONTEXTS[key], item)
+    def __init__(self, warm: tuple[str, ...]):
+        for name in warm:
+            importlib.import_module(name)
+        self.lock = threading.Lock()
+        self.key, self.workers = None, None
+
+    def ready(self) -> int:
+        return os.getpid()
+
+    def run(self, fn, boxed_context: list, processes: int, item):
+        """``fn(context, item)`` on this node's workers for the stage. The context arrives as a
+        reference (boxed, so Ray does not fetch it per call) and is deserialized and loaded once
+        a stage on this node, before its workers fork."""
+        import ray
+
+        ref = boxed_context[0]
+        with self.lock:
+            if ref.hex() != self.key:
+                self._end()  # one stage at a time: the last stage's workers end first
+                self.workers, self.key = ForkedWorkers(ray.get(ref), processes), ref.hex()
+            workers = self.workers
+        return workers.submit(fn, item).result()
+
+    def stop(self) -> None:
+        """End the stage's workers: tasks not started are cancelled, running ones finish."""
+        with self.lock:
+            self._end()
+
+    def _end(self) -> None:
+        if self.workers is not None:
+            self.workers.close()
+            self.workers = self.key = None
+
+
+class _Nodes:
+    """The engine's actors, one a node: started at once, used by a stage as each becomes ready."""
+
+    def __init__(self, ray, num_proc: int):
+        self.ray = ray
+        nodes = [node for node in ray.nodes() if node.get("Alive") and node["Resources"].get("CPU", 0) >= 1]
+        given = shares(num_proc, [int(node["Resources"]["CPU"]) for node in nodes])
+        self.cpus: dict = {}  # actor -> its share of the CPUs
+        self.starting: dict = {}  # ready() reference -> actor
+        self.ready: list = []  # in the order they became ready
+        for node, cpus in zip(nodes, given):
+            if cpus:
+                self._start(node["NodeID"], cpus)
+        self.total = sum(self.cpus.values())
+        if not self.total:
+            raise ConfigError("the Ray cluster has no node with a CPU: start one (ray start --address ...) or "
+                              "use --engine local")
+
+    def _start(self, node_id: str, cpus: int) -> None:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        actor = self.ray.remote(NodeWorkers).options(
+            num_cpus=cpus, max_concurrency=cpus + QUEUED_PER_NODE + 1,  # + 1: stop() gets in while tasks run
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+            max_restarts=RETRIES, max_task_retries=RETRIES,
+        ).remote(WARM_MODULES)
+        self.cpus[actor] = cpus
+        self.starting[actor.ready.remote()] = actor
+
+    def started(self, ref) -> None:
+        actor = self.starting.pop(ref)
+        try:
+            self.ray.get(ref)
+        except self.ray.exceptions.RayError as error:
+            cause = str(error).strip().splitlines()[-1]  # the node's own error, after Ray's traceback
+            raise RuntimeError(f"packprep's workers could not start on a node of the Ray cluster: {cause}. Is the "
+                               "same packprep installed on every node?") from error
+        self.ready.append(actor)
+
+    def kill(self) -> None:
+        for actor in self.cpus:
+            self.ray.kill(actor)
+        self.cpus, self.ready, self.starting = {}, [], {}
 
 
 class _Task:
@@ -70,69 +182,132 @@ class _Task:
         self.item, self.ref = item, None
 
 
-class _Pool:
-    """Starts a stage's tasks in submission order, at most ``limit`` running at once (Ray alone would
-    run as many as the cluster has CPUs, and a stage caps its workers for memory)."""
+class _Stage:
+    """One stage's tasks, sent in submission order to the nodes as they have room: a call a worker and
+    ``QUEUED_PER_NODE`` more, with ``limit`` workers in all (a stage caps its workers for memory),
+    dealt over the nodes as the engine's are."""
 
-    def __init__(self, ray, start, limit: int):
-        self.ray, self.start, self.limit = ray, start, limit
+    def __init__(self, nodes: _Nodes, limit: int, call):
+        self.nodes, self.call = nodes, call
+        self.processes = dict(zip(nodes.cpus, shares(limit, list(nodes.cpus.values()))))  # actor -> its workers
+        self.free: dict = {}  # actor -> calls it can take now
         self.waiting: deque[_Task] = deque()
-        self.running: set = set()
+        self.running: dict = {}  # reference -> actor
+        self._enlist()
 
-    def _start_waiting(self) -> None:
-        while self.waiting and len(self.running) < self.limit:
+    def _enlist(self) -> None:
+        for actor in self.nodes.ready:
+            if self.processes[actor] and actor not in self.free:
+                self.free[actor] = self.processes[actor] + QUEUED_PER_NODE
+
+    def _send(self) -> None:
+        while self.waiting and self.free:
+            actor = max(self.free, key=self.free.__getitem__)  # the node with the most room
+            if not self.free[actor]:
+                return
             task = self.waiting.popleft()
-            task.ref = self.start(task.item)
-            self.running.add(task.ref)
+            task.ref = self.call(actor, self.processes[actor], task.item)
+            self.free[actor] -= 1
+            self.running[task.ref] = actor
 
     def submit(self, item) -> _Task:
         task = _Task(item)
         self.waiting.append(task)
-        self._start_waiting()
+        self._send()
         return task
 
     def result(self, task: _Task):
         """The task's result, or the exception its function raised (an InputError stays one)."""
+        ray = self.nodes.ray
         while task.ref is None or task.ref in self.running:
-            done, _ = self.ray.wait(list(self.running), num_returns=1)
-            self.running.difference_update(done)
-            self._start_waiting()
+            starting = [ref for ref, actor in self.nodes.starting.items() if self.processes[actor]]
+            done, _ = ray.wait(list(self.running) + starting, num_returns=1)
+            for ref in done:
+                if ref in self.running:
+                    self.free[self.running.pop(ref)] += 1
+                else:
+                    self.nodes.started(ref)
+                    self._enlist()
+            self._send()
         try:
-            return self.ray.get(task.ref)
-        except self.ray.exceptions.RayTaskError as error:
+            return ray.get(task.ref)
+        except ray.exceptions.RayTaskError as error:
             raise error.cause from error
 
     def stop(self) -> None:
-        """Cancel the tasks nobody will collect and wait for them to end: none writes after its stage."""
+        """End the stage on every node it used: tasks not started are cancelled, running ones (those of
+        a stage nobody collects) finish first, so none writes after its stage; the workers exit."""
         self.waiting.clear()
-        running = list(self.running)
-        for ref in running:
-            self.ray.cancel(ref)
-        if running:
-            self.ray.wait(running, num_returns=len(running), fetch_local=False)
-        self.running.clear()
+        ray = self.nodes.ray
+        stopped = [actor.stop.remote() for actor in self.free]
+        ray.wait(stopped, num_returns=len(stopped))  # not get: a node lost meanwhile must not hide the stage's error
+        if self.running:
+            ray.wait(list(self.running), num_returns=len(self.running), fetch_local=False)
+            self.running.clear()
 
 
 class RayEngine:
-    """Ray core tasks of one CPU each, on the cluster at ``ray_address`` or a Ray started here; at
-    most ``num_proc`` run at once. See the module docstring."""
+    """One actor a node on the cluster at ``ray_address`` or a Ray started here, ``num_proc`` workers
+    in all (at most the cluster's CPUs) dealt over the nodes. See the module docstring.
+
+    Ray is imported and started (or connected to) on a thread of its own, beside the driver's own
+    start-up (the tokenizer, the inputs' formats), and the node actors start from there: importing
+    Ray takes 1-1.5 s of a 16-core machine, connecting another 1-1.5 s, a node's Ray worker process
+    as long again. The thread then waits for :meth:`close`, since Ray ties the processes it starts
+    (a local Ray's) to the life of the thread that started them."""
 
     def __init__(self, num_proc: int, ray_address: str | None = None):
-        self.ray = _import_ray()
-        self.workers = max(1, num_proc)
-        self.started = _start_ray(self.ray, ray_address, self.workers)
-        self.task = self.ray.remote(num_cpus=1)(_run_task)
+        if not _ray_installed():
+            raise ConfigError(_INSTALL)
+        self.ray, self.nodes, self.started = None, None, False
+        self._error: BaseException | None = None
+        self._ready, self._closing = threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=self._connect, args=(max(1, num_proc), ray_address),
+                                        name="packprep-ray", daemon=True)
+        self._thread.start()
+
+    def _connect(self, num_proc: int, ray_address: str | None) -> None:
+        try:
+            self.ray = _import_ray()
+            logging.getLogger("ray._private.worker").addFilter(_QUIET_THREAD_START)
+            self.started = _start_ray(self.ray, ray_address, num_proc)
+            self.nodes = _Nodes(self.ray, num_proc)
+        except BaseException as error:  # raised in the caller's thread, by _connected
+            self._error = error
+        finally:
+            self._ready.set()
+        self._closing.wait()
+
+    def _connected(self) -> _Nodes:
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+        return self.nodes
+
+    @property
+    def workers(self) -> int:
+        return self._connected().total
 
     def map(self, fn, context, items, workers=None):
-        workers = max(1, min(self.workers, workers or self.workers))
+        nodes = self._connected()
+        workers = max(1, min(nodes.total, workers or nodes.total))
         boxed_context = [self.ray.put(context)]
-        pool = _Pool(self.ray, lambda item: self.task.remote(fn, boxed_context, item), workers)
+        stage = _Stage(nodes, workers,
+                       lambda actor, processes, item: actor.run.remote(fn, boxed_context, processes, item))
         try:
-            yield from ordered(pool.submit, pool.result, items, workers * IN_FLIGHT_PER_WORKER)
+            yield from ordered(stage.submit, stage.result, items, workers * IN_FLIGHT_PER_WORKER)
         finally:
-            pool.stop()
+            stage.stop()
 
     def close(self) -> None:
-        if self.started:
-            self.ray.shutdown()
-            self.started = False
+        self._ready.wait()
+        try:
+            if self.nodes is not None:
+                self.nodes.kill()
+                self.nodes = None
+            if self.started:
+                self.ray.shutdown()
+                self.started = False
+        finally:
+            self._closing.set()
+            self._thread.join()
