@@ -1,6 +1,8 @@
 """``RayEngine`` on a cluster of 4 nodes of one CPU each (``ray.cluster_utils.Cluster``, started once
-for the module): results in item order, tasks spread over nodes, the context deserialized once per
-worker process, task errors raised as themselves, a stage abandoned early. Skipped without Ray.
+for the module; an engine a test, since an engine's node actors hold their CPUs until it closes):
+results in item order, tasks spread over nodes, the context deserialized once a node and inherited
+by the workers forked there, task errors raised as themselves, a stage abandoned early, workers
+capped by the cluster's CPUs, a node that cannot start. Skipped without Ray.
 """
 
 from __future__ import annotations
@@ -114,7 +116,7 @@ def test_results_in_item_order_equal_the_local_engine(engine):
     assert list(engine.map(shift, context, iter(range(50)), workers=2)) == expected
 
 
-def test_tasks_spread_over_nodes_and_deserialize_the_context_once_per_worker(engine, tmp_path):
+def test_tasks_spread_over_nodes_and_the_context_is_deserialized_once_a_worker(engine, tmp_path):
     results = list(engine.map(where, Context("once", nodes=str(tmp_path)), range(60)))
     assert [r[0] for r in results] == list(range(60))
     assert len({node for _, node, *_ in results}) > 1
