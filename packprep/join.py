@@ -23,6 +23,8 @@ import struct
 from pathlib import Path
 from typing import Iterator
 
+from .read import file_sha256
+
 MAGIC = b"PAR1"
 IPC_CONTINUATION = b"\xff\xff\xff\xff"
 IPC_END = IPC_CONTINUATION + b"\x00\x00\x00\x00"
@@ -51,10 +53,7 @@ def join_pieces(pieces: list[Path], path: Path, shard_format: str) -> str:
     and return the joined file's sha256. A single piece is renamed, not copied."""
     if len(pieces) == 1:
         os.replace(pieces[0], path)
-        digest = hashlib.sha256()
-        for block in _read(path, 0, os.path.getsize(path)):
-            digest.update(block)
-        return digest.hexdigest()
+        return file_sha256(path)
     if shard_format == "parquet":
         footers = [_parquet_footer(piece) for piece in pieces]
         spans = [(len(MAGIC), end) for end, _ in footers]

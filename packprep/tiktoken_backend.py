@@ -496,14 +496,13 @@ def _cached_ranks(model, added_ids: set[int], file_sha256: str | None, fresh: bo
     if file_sha256 is None:
         return _ranks(model, added_ids)
     path = _ranks_path(file_sha256)
-    try:
-        if fresh:
-            raise FileNotFoundError(path)
-        with np.load(path, allow_pickle=False) as saved:
-            blob, offsets, ids = saved["pieces"].tobytes(), saved["offsets"].tolist(), saved["ids"].tolist()
-        return {blob[a:b]: token for a, b, token in zip(offsets, offsets[1:], ids)}
-    except Exception:  # not there yet, or unreadable (a torn or corrupt zip raises BadZipFile): convert
-        pass
+    if not fresh:
+        try:
+            with np.load(path, allow_pickle=False) as saved:
+                blob, offsets, ids = saved["pieces"].tobytes(), saved["offsets"].tolist(), saved["ids"].tolist()
+            return {blob[a:b]: token for a, b, token in zip(offsets, offsets[1:], ids)}
+        except Exception:  # not there yet, or unreadable (a torn or corrupt zip raises BadZipFile): convert
+            pass
     ranks = _ranks(model, added_ids)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -179,11 +179,6 @@ def _group_runs(context: ShardContext, shard: dict, runs: int) -> list[tuple[int
     return [(first, min(groups, first + step)) for first in range(0, groups, step)] or [None]
 
 
-def check_shard(context: ShardContext, shard: dict) -> ShardCheck:
-    """Check one shard the manifest lists (``shard``: its manifest entry), one row group at a time."""
-    return joined_check([check_part(context, (shard, None))], shard)
-
-
 def check_part(context: ShardContext, part: tuple[dict, tuple[int, int] | None]) -> ShardCheck:
     """The check stage: check row groups ``[first, last)`` of a shard (None: all of them), one at a
     time; :func:`joined_check` adds up a shard's parts and judges its row count."""

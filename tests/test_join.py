@@ -133,7 +133,7 @@ def test_pack_writes_shards_in_pieces_with_one_writers_bytes(tmp_path, monkeypat
 def test_a_shard_checked_in_parts_fails_like_one_checked_whole(tmp_path, groups):
     """pack checks each piece's row groups beside the others: the parts, joined, report what a
     whole-shard check reports, at the same rows, and judge the shard's row count."""
-    from packprep.verify import ShardContext, check_part, check_shard, joined_check
+    from packprep.verify import ShardContext, check_part, joined_check
 
     bad = [table for table in groups]
     labels = bad[13].column("labels").to_pylist()
@@ -143,7 +143,7 @@ def test_a_shard_checked_in_parts_fails_like_one_checked_whole(tmp_path, groups)
     rows = sum(table.num_rows for table in bad)
     entry = {"path": "data.parquet", "rows": rows}
     context = ShardContext(tmp_path, None, 10**6, False, False, 10**9)
-    whole = check_shard(context, entry)
+    whole = joined_check([check_part(context, (entry, None))], entry)  # the whole shard, one task
     parts = joined_check([check_part(context, (entry, (a, min(a + 3, GROUPS)))) for a in range(0, GROUPS, 3)], entry)
     expected_row = sum(table.num_rows for table in bad[:13]) + 2
     assert [(f.check, f.row) for f in whole.failures] == [("first_label", expected_row)]
