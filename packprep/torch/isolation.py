@@ -160,9 +160,10 @@ def check_isolation(
                     )
                 else:
                     cause = (
-                        f"attention implementation {impl!r} ignores both position_ids and cu_seq_lens: "
-                        "it cannot train on packed rows. Use 'sdpa', 'eager', 'flash_attention_2' or "
-                        "packprep.torch.register_varlen_attention()."
+                        f"attention implementation {impl!r} ignores both position_ids and cu_seq_lens in this "
+                        "model (SDPA/eager read restarted position_ids only where the model passes them to its "
+                        "mask; GraniteMoeHybrid does not). Use one that reads cu_seq_lens: 'flash_attention_2' "
+                        "or packprep.torch.register_varlen_attention()."
                     )
             raise PackingIsolationError(head + cause)
     finally:
