@@ -28,20 +28,23 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-from packprep.torch import collate_packed, collate_padded, register_packed_layers, register_varlen_attention  # noqa: E402
+from packprep.torch import (collate_packed, collate_padded, register_packed_layers,  # noqa: E402
+                            register_varlen_attention)
 
 
 def qwen3_5(tiny: bool, big: bool = False):
     if tiny:
-        shape = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, head_dim=16, linear_key_head_dim=16,
-                     linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, vocab_size=256)
+        shape = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, head_dim=16,
+                     linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2,
+                     linear_num_value_heads=4, vocab_size=256)
     elif big:
         shape = dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=16, head_dim=256,
                      linear_key_head_dim=128, linear_value_head_dim=128, linear_num_key_heads=16,
                      linear_num_value_heads=16, vocab_size=32000, tie_word_embeddings=True)
     else:
-        shape = dict(hidden_size=512, intermediate_size=1024, num_hidden_layers=4, head_dim=128, linear_key_head_dim=128,
-                     linear_value_head_dim=128, linear_num_key_heads=4, linear_num_value_heads=8, vocab_size=4096)
+        shape = dict(hidden_size=512, intermediate_size=1024, num_hidden_layers=4, head_dim=128,
+                     linear_key_head_dim=128, linear_value_head_dim=128, linear_num_key_heads=4,
+                     linear_num_value_heads=8, vocab_size=4096)
     layers = ["linear_attention", "linear_attention", "linear_attention", "full_attention"]
     return transformers.Qwen3_5TextConfig(num_attention_heads=8, num_key_value_heads=2, use_cache=False,
                                           layer_types=layers * (shape["num_hidden_layers"] // 4),
@@ -49,8 +52,8 @@ def qwen3_5(tiny: bool, big: bool = False):
 
 
 def bamba(tiny: bool):
-    shape = (dict(hidden_size=64, intermediate_size=128, mamba_n_heads=4, mamba_d_head=32, mamba_d_state=16, vocab_size=256)
-             if tiny else dict(hidden_size=512, intermediate_size=1024, mamba_n_heads=16, mamba_d_head=64,
+    shape = (dict(hidden_size=64, intermediate_size=128, mamba_n_heads=4, mamba_d_head=32, mamba_d_state=16,
+                  vocab_size=256) if tiny else dict(hidden_size=512, intermediate_size=1024, mamba_n_heads=16, mamba_d_head=64,
                                mamba_d_state=128, vocab_size=4096))
     return transformers.BambaConfig(num_hidden_layers=4, attn_layer_indices=[3], num_attention_heads=8,
                                     num_key_value_heads=2, mamba_chunk_size=64, use_cache=False, initializer_range=0.1,
@@ -83,15 +86,17 @@ def equality(name, config, device, dtype, attn, lengths=(300, 77, 513, 150)) -> 
         model.set_attn_implementation("sdpa")
         ref = [model(input_ids=s[None].to(device), use_cache=False).logits[0].float() for s in seqs]
 
-    def err(full, parts=None):
-        return max(float(((full[a:b] if parts is None else parts[i]) - ref[i]).abs().max())
-                   for i, (a, b) in enumerate(spans))
+    def err(parts, truth):
+        return max(float((one - true).abs().max()) for one, true in zip(parts, truth))
+
+    def split(full):
+        return [full[a:b] for a, b in spans]
 
     scale = max(float(one.abs().max()) for one in ref)
     tol = 1e-3 if dtype == torch.float32 else max(0.25, 0.05 * scale)
-    row = {"model": name, "layers": used, "attn": attn, "packed_vs_alone": max(float((packed[a:b] - one).abs().max()) for (a, b), one in zip(spans, alone)),
-           "packed_vs_fp32": err(packed), "alone_vs_fp32": err(None, alone), "withheld_vs_fp32": err(leaky),
-           "logit_scale": scale, "tolerance": tol}
+    row = {"model": name, "layers": used, "attn": attn, "packed_vs_alone": err(split(packed), alone),
+           "packed_vs_fp32": err(split(packed), ref), "alone_vs_fp32": err(alone, ref),
+           "withheld_vs_fp32": err(split(leaky), ref), "logit_scale": scale, "tolerance": tol}
     row["equal"] = row["packed_vs_fp32"] <= max(tol, 2 * row["alone_vs_fp32"])
     print(json.dumps(row), flush=True)
     return row
@@ -138,8 +143,8 @@ def throughput(model, steps, vocab, device, packed: bool, forward_only: bool, wa
     seconds = time.perf_counter() - start
     del opt
     torch.set_grad_enabled(True)
-    return {"packed": packed, "forward_only": forward_only, "steps": done, "tokens": tokens, "batch_tokens_with_pad": padded_tokens,
-            "seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds),
+    return {"packed": packed, "forward_only": forward_only, "steps": done, "tokens": tokens,
+            "batch_tokens_with_pad": padded_tokens, "seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds),
             "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1)}
 
 

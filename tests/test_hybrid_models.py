@@ -35,7 +35,8 @@ MAMBA2 = dict(mamba_n_heads=4, mamba_d_head=32, mamba_d_state=16, mamba_chunk_si
 FAMILIES = {
     "qwen3_5": ("gated_deltanet", lambda **c: transformers.Qwen3_5TextConfig(**GDN, **c)),
     "qwen3_next": ("gated_deltanet", lambda **c: transformers.Qwen3NextConfig(
-        **GDN, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32, **c)),
+        **GDN, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+        **c)),
     "bamba": ("mamba2", lambda **c: transformers.BambaConfig(**MAMBA2, attn_layer_indices=[1], **c)),
     "nemotron_h": ("mamba2", lambda **c: transformers.NemotronHConfig(
         layers_block_type=["linear_attention", "mlp", "full_attention", "mlp"], head_dim=16, mamba_num_heads=4,
@@ -76,7 +77,11 @@ def test_collate_packed_emits_seq_idx():
     assert batch["seq_idx"].tolist() == [[0, 0, 0, 1, 1, 2, 2]]
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+# one family a layer type by default; the others are marked slow (tens of seconds on 2 shared cores)
+ONE_A_TYPE = [pytest.param(f, marks=[] if f in ("qwen3_5", "bamba", "lfm2") else pytest.mark.slow) for f in FAMILIES]
+
+
+@pytest.mark.parametrize("family", ONE_A_TYPE)
 def test_packed_equals_alone(family, folders, tokenizer):
     """Logits and gradients of two packed rows in one (1, T) batch equal each sequence's run alone."""
     model = tiny(family, len(tokenizer))
@@ -126,7 +131,7 @@ def test_trl_recipe_qwen3_5(folders, tokenizer):
     assert_trainer_batches_exact(trainer, folders["trl"])
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", ONE_A_TYPE)
 def test_check_pipeline_names_the_leaking_layer(family, folders, tokenizer):
     """Boundaries withheld (position_ids restart, no cu_seq_lens/seq_idx): attention is isolated, the
     recurrent or convolutional layer is not, and check_pipeline says which one."""
@@ -146,7 +151,8 @@ def test_transformers_refusal_is_named(folders, tokenizer):
     torch.manual_seed(0)
     config = transformers.GraniteMoeHybridConfig(
         vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, initializer_range=0.5,
-        layer_types=["linear_attention", "full_attention"], mamba_n_heads=4, mamba_d_head=32, mamba_d_state=16, mamba_chunk_size=16,
+        layer_types=["linear_attention", "full_attention"], mamba_n_heads=4, mamba_d_head=32, mamba_d_state=16,
+        mamba_chunk_size=16,
         num_local_experts=0, shared_intermediate_size=128, **HEADS)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with pytest.raises(PackingIsolationError, match="'mamba2'.*GraniteMoeHybridMambaLayer.*register_packed_layers"):

@@ -47,7 +47,8 @@ LAYER_TYPES = (
 )
 _BY_CLASS = {cls: layer for layer in LAYER_TYPES for cls in layer.classes}
 # class names of layers that carry state from token to token (the ones packprep covers match too)
-_STATEFUL = re.compile(r"Mamba|Mixer|DeltaNet|ShortConv|Recurren|Rwkv|RWKV|Retention|Lstm|LSTM|Hyena|SSM|LinearAttention")
+_STATEFUL = re.compile(r"Mamba|Mixer|DeltaNet|ShortConv|Recurren|Rwkv|RWKV|Retention|Lstm|LSTM|Hyena|SSM|"
+                       r"LinearAttention")
 _MARK = "_packprep_packed"
 
 

@@ -474,12 +474,13 @@ def _first_leaking_part(model, packed: Mapping[str, Any], alone: Sequence[Mappin
 
 def _layer_cause(model, packed, alone, spans) -> str | None:
     """The message naming the recurrent/convolutional layer type that mixes the packed sequences, if one does."""
-    from .hybrid import _STATEFUL, describe, layer_type_of
+    from .hybrid import describe, layer_type_of, stateful_layers
 
     found = _first_leaking_part(model, packed, alone, spans)
-    layer = next((m for m in found[1].modules() if _STATEFUL.search(type(m).__name__)), None) if found else None
-    if layer is None:
+    inside = stateful_layers(found[1]) if found else []
+    if not inside:
         return None
+    layer = inside[0][1]
     what = (f"The first layer whose output differs is {found[0]}, a {describe(layer)} layer, not the attention: it "
             "carries state from each token to the next, so a packed sequence starts from the previous one's state "
             "(restarted position_ids and varlen attention do not reset it). ")
