@@ -12,6 +12,7 @@ Everything that needs ``torch`` lives in this package; ``import packprep`` never
                   input_ids, labels, position_ids   LongTensor (1, T)
                   cu_seq_lens_q, cu_seq_lens_k      IntTensor  (N + 1,) = [0, cumsum(seq_lens of all rows)]
                   max_length_q, max_length_k        int        (longest packed sequence)
+                  seq_idx                           IntTensor  (1, T)   (sequence number of each token)
                   use_cache                         False
 
               Every key is a model argument: ``model(**batch)`` and ``Trainer(data_collator=
@@ -26,6 +27,10 @@ Everything that needs ``torch`` lives in this package; ``import packprep`` never
               ``collate_padded`` is the padding baseline (one sequence a row, with a mask).
 ``attention`` ``register_varlen_attention()``: ``torch.nn.attention.varlen.varlen_attn`` as a
               transformers attention function; returns its ``attn_implementation`` name, or None.
+``hybrid``    ``register_packed_layers(model)``: the recurrent and convolutional layers of hybrid models
+              (Gated DeltaNet, Mamba-2, short convolutions) keep packed sequences apart, from the
+              ``cu_seq_lens_q``/``seq_idx`` of ``collate_packed`` (see docs/hybrid-models.md); a layer
+              type packprep does not cover is refused, named.
 ``isolation`` ``check_pipeline(collate_fn_or_trainer, model, data)``: one real packed row through
               the user's own collator/Trainer and model, compared with its sequences run alone;
               raises ``PackingIsolationError`` naming the cause. ``check_isolation(model)``: the
@@ -44,6 +49,7 @@ from .attention import VARLEN_ATTENTION_NAME, register_varlen_attention, varlen_
 from .collate import (PackedCollator, PaddedCollator, collate_packed, collate_padded, num_supervised_tokens,
                       unpack_rows)
 from .data import PackedDataset
+from .hybrid import register_packed_layers
 from .isolation import PackingIsolationError, check_isolation, check_pipeline
 
 __all__ = [
@@ -59,6 +65,7 @@ __all__ = [
     "collate_padded",
     "unpack_rows",
     "num_supervised_tokens",
+    "register_packed_layers",
     "register_varlen_attention",
     "varlen_attention_forward",
 ]

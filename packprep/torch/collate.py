@@ -97,6 +97,7 @@ def collate_packed(rows: Sequence[Mapping[str, Any]], *, check_positions: bool =
         "cu_seq_lens_k": cu_t.clone(),
         "max_length_q": max_len,
         "max_length_k": max_len,
+        "seq_idx": torch.from_numpy(np.repeat(np.arange(len(seq_lens), dtype=np.int32), seq_lens)).unsqueeze(0),
         "use_cache": False,
     }
     if count:

@@ -83,7 +83,7 @@ def check_isolation(
     def run(batch: dict, kwargs: Mapping[str, Any]) -> torch.Tensor:
         call = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
         call.update({k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()})
-        out = model(**call)
+        out = _refusing_forward(model, call, "packed sequences are NOT isolated: ")
         logits = out.logits if hasattr(out, "logits") else out[0]
         return logits[0].float()
 
@@ -144,6 +144,13 @@ def check_isolation(
                         "model.config.use_cache = False."
                     )
             if cause is None:
+                spans = list(zip(np.cumsum([0, *lengths[:-1]]).tolist(), list(lengths)))
+                packed_call = {**batch_for(packed_row, False, via_collator), **extra}
+                alone_extra = {k: v for k, v in extra.items() if k != "attention_mask"}
+                cause = _layer_cause(model, _on(packed_call, device),
+                                     [_on({**batch_for(r, False, via_collator), **alone_extra}, device) for r in rows],
+                                     spans)
+            if cause is None:
                 d3, _ = measure(dict(extra, use_cache=False), packing_kwargs=True, collator=False)
                 if max(d3) <= tol and not via_collator:
                     cause = (
@@ -153,14 +160,19 @@ def check_isolation(
                     )
                 else:
                     cause = (
-                        f"attention implementation {impl!r} ignores both position_ids and cu_seq_lens: "
-                        "it cannot train on packed rows. Use 'sdpa', 'eager', 'flash_attention_2' or "
-                        "packprep.torch.register_varlen_attention()."
+                        f"attention implementation {impl!r} ignores both position_ids and cu_seq_lens in this "
+                        "model (SDPA/eager read restarted position_ids only where the model passes them to its "
+                        "mask; GraniteMoeHybrid does not). Use one that reads cu_seq_lens: 'flash_attention_2' "
+                        "or packprep.torch.register_varlen_attention()."
                     )
             raise PackingIsolationError(head + cause)
     finally:
         if was_training:
             model.train()
+
+
+def _on(batch: Mapping[str, Any], device) -> dict:
+    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
 
 
 def _tolerance(dtype: torch.dtype, scale: float, atol: float | None) -> float:
@@ -315,7 +327,7 @@ def _compare(model, batch: Mapping[str, Any], truth: Mapping[str, np.ndarray], d
     model.eval()
     try:
         with torch.no_grad():
-            logits = _logits(model(**batch))
+            logits = _logits(_refusing_forward(model, batch, head))
             alone = [_logits(model(input_ids=torch.as_tensor(ids[a : a + m], device=device)[None],
                                    position_ids=torch.arange(m, device=device)[None], use_cache=False))
                      for a, m in zip(starts.tolist(), seq_lens.tolist())]
@@ -387,5 +399,93 @@ def _leak_cause(model, batch, starts, n_tokens, dropped, tol, alone) -> str:
             return ("A KV cache: use_cache is True (model.config.use_cache defaults to True, also in training), and "
                     "transformers skips its packed-sequence detection when a cache exists. Set "
                     "model.config.use_cache = False or pass use_cache=False (collate_packed does).")
+    ids, device = batch["input_ids"][0], batch["input_ids"].device
+    spans = list(zip(starts.tolist(), np.diff(np.append(starts, n_tokens)).tolist()))
+    alone_calls = [{"input_ids": ids[a : a + m][None], "position_ids": torch.arange(m, device=device)[None],
+                    "use_cache": False} for a, m in spans]
+    layer = _layer_cause(model, batch, alone_calls, spans)
+    if layer:
+        return layer
     return (f"The attention implementation {_attn_impl(model)!r} ignores the restarted position_ids and the "
             "cu_seq_lens: use 'sdpa', 'eager', 'flash_attention_2' or packprep.torch.register_varlen_attention().")
+
+
+def _refusing_forward(model, batch, head: str):
+    """``model(**batch)``; transformers' refusal of sequence boundaries (no kernel) said as packprep's."""
+    try:
+        return model(**batch)
+    except ValueError as exc:
+        if "packed sequences" not in str(exc):
+            raise
+        from .hybrid import describe, stateful_layers
+
+        kinds = sorted({describe(module) for _, module in stateful_layers(model)})
+        raise PackingIsolationError(
+            head + f"transformers refuses the batch's sequence boundaries in the model's {', '.join(kinds)} layers "
+            f"({exc}). Call packprep.torch.register_packed_layers(model) before training: it keeps these layers' "
+            "packed sequences apart without the kernel (exact, one sequence at a time) or with flash-linear-attention "
+            "on a GPU.") from exc
+
+
+def _decoder_parts(model) -> list[tuple[str, torch.nn.Module]]:
+    """(path, module) of the parts of every decoder layer (attention, recurrent mixer, MLP...), in order."""
+    cfg = getattr(model, "config", None)
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    lists = [(name, m) for name, m in model.named_modules() if isinstance(m, torch.nn.ModuleList) and len(m)]
+    if not lists:
+        return []
+    name, layers = next(((n, m) for n, m in lists if len(m) == getattr(text, "num_hidden_layers", -1)),
+                        max(lists, key=lambda item: len(item[1])))
+    return [(f"{name}.{i}.{child}", part) for i, layer in enumerate(layers) for child, part in layer.named_children()]
+
+
+def _first_leaking_part(model, packed: Mapping[str, Any], alone: Sequence[Mapping[str, Any]], spans):
+    """The first decoder-layer part whose output differs between the packed row and its sequences alone:
+    its inputs were still equal, so the part itself mixes the sequences."""
+    parts = _decoder_parts(model)
+    seen: dict[str, list[torch.Tensor]] = {}
+
+    def keep(key):
+        def hook(_module, _inputs, output):
+            out = output[0] if isinstance(output, tuple) else output
+            if isinstance(out, torch.Tensor) and out.dim() >= 3 and out.shape[0] == 1:
+                seen.setdefault(key, []).append(out.detach()[0].float())
+        return hook
+
+    handles = [part.register_forward_hook(keep(key)) for key, part in parts]
+    try:
+        model(**packed)
+        packed_out = dict(seen)
+        seen.clear()
+        for call in alone:
+            model(**call)
+    finally:
+        for handle in handles:
+            handle.remove()
+    strict = _model_dtype(model) in (torch.float32, torch.float64)
+    for key, (out, *_) in packed_out.items():  # in the order the parts ran
+        outs = seen.get(key, [])
+        for (a, m), one in zip(spans, outs if len(outs) == len(spans) else []):
+            scale = max(1.0, float(one.abs().max()))
+            if float((out[a : a + m] - one).abs().max()) > (1e-3 if strict else 0.05) * scale:
+                return key, dict(parts)[key]
+    return None
+
+
+def _layer_cause(model, packed, alone, spans) -> str | None:
+    """The message naming the recurrent/convolutional layer type that mixes the packed sequences, if one does."""
+    from .hybrid import describe, layer_type_of, stateful_layers
+
+    found = _first_leaking_part(model, packed, alone, spans)
+    inside = stateful_layers(found[1]) if found else []
+    if not inside:
+        return None
+    layer = inside[0][1]
+    what = (f"The first layer whose output differs is {found[0]}, a {describe(layer)} layer, not the attention: it "
+            "carries state from each token to the next, so a packed sequence starts from the previous one's state "
+            "(restarted position_ids and varlen attention do not reset it). ")
+    if layer_type_of(layer) is None:
+        return what + ("packprep has no implementation that restarts this layer type at each packed sequence: train "
+                       "this model on padded rows (packprep.torch.collate_padded, `packprep pack --strategy pad`).")
+    return what + ("Call packprep.torch.register_packed_layers(model) before training, and feed batches that carry "
+                   "the boundaries (collate_packed, or TRL's padding_free=True: cu_seq_lens_q and seq_idx).")

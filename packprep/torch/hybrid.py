@@ -1,0 +1,244 @@
+"""Recurrent and convolutional layers (hybrid models) kept apart at packed-sequence boundaries.
+
+A Gated DeltaNet, a Mamba-2 scan or a short causal convolution carries state from one token to the next:
+restarted ``position_ids`` and varlen attention do not stop it, so packed sequence B would start from
+sequence A's state. transformers' hybrid modeling code calls a few module-level functions for these
+layers and hands them its keyword arguments (``cu_seq_lens_q``, ``seq_idx``); on CPU, without the
+optional kernel packages, those functions refuse the boundaries or ignore them.
+
+:func:`register_packed_layers` puts packprep's own functions in their place, in the modeling module of
+each covered layer of the given model. With sequence boundaries in the call they keep sequences apart:
+flash-linear-attention's varlen kernels on a CUDA tensor when ``fla`` is installed, else transformers'
+own torch function run on each sequence in turn (exact: the same computation as the sequence alone).
+Without boundaries they are transformers' functions. A model with a stateful layer type packprep does
+not cover is refused, naming it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+
+@dataclass(frozen=True)
+class LayerType:
+    """A token-mixing layer type that carries state, and the transformers functions its forward calls."""
+
+    name: str
+    what: str
+    classes: tuple[str, ...]
+    functions: tuple[str, ...]
+
+
+LAYER_TYPES = (
+    LayerType("gated_deltanet", "Gated DeltaNet linear attention with its short convolution",
+              ("Qwen3_5GatedDeltaNet", "Qwen3_5MoeGatedDeltaNet", "Qwen3NextGatedDeltaNet"),
+              ("causal_conv1d_fn", "torch_chunk_gated_delta_rule")),
+    LayerType("mamba2", "Mamba-2 state-space scan with its short convolution",
+              ("BambaMixer", "GraniteMoeHybridMambaLayer", "NemotronHMamba2Mixer", "FalconH1Mixer"),
+              ("causal_conv1d_fn", "mamba2_chunk_scan", "mamba2_split_conv1d_scan_combined")),
+    LayerType("short_conv", "LFM2 gated short convolution", ("Lfm2ShortConv", "Lfm2MoeShortConv"),
+              ("causal_conv1d_fn",)),
+)
+_BY_CLASS = {cls: layer for layer in LAYER_TYPES for cls in layer.classes}
+# class names of layers that carry state from token to token (the ones packprep covers match too)
+_STATEFUL = re.compile(r"Mamba|Mixer|DeltaNet|ShortConv|Recurren|Rwkv|RWKV|Retention|Lstm|LSTM|Hyena|SSM|"
+                       r"LinearAttention")
+_MARK = "_packprep_packed"
+
+
+def layer_type_of(module) -> LayerType | None:
+    """The covered layer type of ``module`` (by class name), or None."""
+    return _BY_CLASS.get(type(module).__name__)
+
+
+def stateful_layers(model) -> list[tuple[str, torch.nn.Module]]:
+    """(path, module) of every outermost module of ``model`` whose class name says it carries state."""
+    from transformers import PreTrainedModel
+
+    found: list[tuple[str, torch.nn.Module]] = []
+    for name, module in model.named_modules():
+        if isinstance(module, PreTrainedModel) or not _STATEFUL.search(type(module).__name__):
+            continue
+        if not any(name.startswith(p + ".") for p, _ in found):
+            found.append((name, module))
+    return found
+
+
+def describe(module) -> str:
+    """``'gated_deltanet' (Gated DeltaNet ..., Qwen3_5GatedDeltaNet)`` or the bare class name."""
+    layer = layer_type_of(module)
+    cls = type(module).__name__
+    return f"{layer.name!r} ({layer.what}, {cls})" if layer else f"{cls!r}"
+
+
+def fla_available() -> bool:
+    return importlib.util.find_spec("fla") is not None
+
+
+def register_packed_layers(model) -> dict[str, str]:
+    """Make every recurrent/convolutional layer of ``model`` keep packed sequences apart; or refuse.
+
+    Installs packprep's boundary-aware functions in the transformers modeling module of each covered
+    layer (idempotent; without boundaries they behave as transformers' own), then checks the model:
+    two random sequences packed through :func:`collate_packed` must give their logits run alone.
+    Returns ``{layer type: implementation}``. Raises ``PackingIsolationError`` naming any stateful
+    layer type packprep does not cover, or the layer that still leaks.
+    """
+    from .isolation import PackingIsolationError, check_isolation
+
+    uncovered = [(name, m) for name, m in stateful_layers(model) if layer_type_of(m) is None]
+    if uncovered:
+        name, module = uncovered[0]
+        raise PackingIsolationError(
+            f"packed rows cannot be kept apart in this model: its layer {name} ({type(module).__name__}) carries "
+            "state from token to token and packprep has no implementation that restarts it at each packed "
+            f"sequence (covered: {', '.join(sorted(_BY_CLASS))}). Train it on padded rows "
+            "(packprep.torch.collate_padded, or `packprep pack --strategy pad`)."
+        )
+    used: dict[str, str] = {}
+    for _, module in stateful_layers(model):
+        layer = layer_type_of(module)
+        _install(sys.modules[type(module).__module__], layer)
+        on_gpu = next(module.parameters()).is_cuda
+        used[layer.name] = ("flash-linear-attention varlen kernels" if on_gpu and fla_available()
+                            else "transformers' torch functions, one packed sequence at a time")
+    if used:
+        check_isolation(model, via_collator=True)
+    return used
+
+
+def _install(modeling, layer: LayerType) -> None:
+    for name in layer.functions:
+        original = getattr(modeling, name, None)
+        if original is None:
+            raise RuntimeError(f"{modeling.__name__} has no {name}: this transformers version is not supported for "
+                               f"packed {layer.name} layers")
+        if not getattr(original, _MARK, False):
+            replacement = _REPLACEMENTS[name](original)
+            setattr(replacement, _MARK, True)
+            setattr(modeling, name, replacement)
+
+
+def _boundaries(kwargs: dict, length: int) -> torch.Tensor | None:
+    """Cumulative sequence lengths of a ``(1, T)`` packed row from the call's keyword arguments, or None."""
+    cu = kwargs.get("cu_seqlens")
+    if cu is None:
+        cu = kwargs.get("cu_seq_lens_q")
+    seq_idx = kwargs.get("seq_idx")
+    if cu is None and seq_idx is not None:
+        if seq_idx.shape[0] != 1:
+            raise ValueError("packed rows need one (1, T) row per batch (packprep.torch.collate_packed)")
+        starts = torch.nonzero(torch.diff(seq_idx[0], prepend=seq_idx[0, :1] - 1)).reshape(-1)
+        cu = torch.cat([starts, torch.tensor([seq_idx.shape[1]], device=starts.device)])
+    if cu is None or len(cu) <= 2:
+        return None
+    if int(cu[-1]) != length:
+        raise ValueError(f"sequence boundaries cover {int(cu[-1])} tokens, the batch row has {length}: "
+                         "packed rows need one (1, T) row per batch (packprep.torch.collate_packed)")
+    return cu.to(torch.long)
+
+
+def _per_sequence(fn: Callable, cu: torch.Tensor, axis: int, args: tuple, kwargs: dict):
+    """``fn`` run on each packed sequence (tensors of >= 3 dims sliced along ``axis``), outputs joined."""
+    bounds = cu.tolist()
+    cut = lambda x, a, b: x.narrow(axis, a, b - a) if isinstance(x, torch.Tensor) and x.dim() >= 3 else x  # noqa: E731
+    outs = [fn(*(cut(x, a, b) for x in args), **{k: cut(v, a, b) for k, v in kwargs.items()})
+            for a, b in zip(bounds[:-1], bounds[1:])]
+    if isinstance(outs[0], tuple):
+        return (torch.cat([o[0] for o in outs], dim=axis),) + (None,) * (len(outs[0]) - 1)
+    return torch.cat(outs, dim=axis)
+
+
+_BOUNDARY_KEYS = ("cu_seqlens", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
+
+
+def _plain(kwargs: dict) -> dict:
+    return {k: v for k, v in kwargs.items() if k not in _BOUNDARY_KEYS}
+
+
+def _no_state(kwargs: dict, *names: str) -> None:
+    if any(kwargs.get(n) is not None and kwargs.get(n) is not False for n in names):
+        raise ValueError("packed rows are for training: a recurrent state (cache) cannot span several packed "
+                         "sequences; pass use_cache=False")
+
+
+def _conv(original: Callable) -> Callable:
+    def causal_conv1d_fn(x, weight, bias=None, activation=None, **kwargs):
+        cu = _boundaries(kwargs, x.shape[-1])
+        if cu is None:
+            return original(x, weight, bias, activation=activation, **_plain(kwargs))
+        if x.is_cuda and fla_available():
+            from fla.modules.causal_conv1d import causal_conv1d
+
+            y, _ = causal_conv1d(x.transpose(1, 2), weight, bias, activation=activation, cu_seqlens=cu)
+            return y.transpose(1, 2)
+        raw = getattr(original, "__wrapped__", original)
+        return _per_sequence(lambda part: raw(part, weight, bias, activation=activation), cu, 2, (x,), {})
+    return causal_conv1d_fn
+
+
+def _gated_delta_rule(original: Callable) -> Callable:
+    def chunk_gated_delta_rule(query, key, value, g, beta, **kwargs):
+        cu = _boundaries(kwargs, query.shape[1])
+        if cu is None:
+            return original(query, key, value, g=g, beta=beta, **_plain(kwargs))
+        _no_state(kwargs, "initial_state", "output_final_state")
+        l2norm = kwargs.get("use_qk_l2norm_in_kernel", False)
+        if query.is_cuda and fla_available():
+            from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
+
+            return fla_chunk(query, key, value, g=g, beta=beta, use_qk_l2norm_in_kernel=l2norm, cu_seqlens=cu)
+        raw = getattr(original, "__wrapped__", original)
+        return _per_sequence(raw, cu, 1, (query, key, value), {"g": g, "beta": beta, "use_qk_l2norm_in_kernel": l2norm})
+    return chunk_gated_delta_rule
+
+
+def _mamba2_scan(original: Callable) -> Callable:
+    def mamba2_chunk_scan(hidden_states, dt, A, B, C, chunk_size, **kwargs):
+        cu = _boundaries(kwargs, hidden_states.shape[1])
+        if cu is None:
+            return original(hidden_states, dt, A, B, C, chunk_size, **_plain(kwargs))
+        _no_state(kwargs, "initial_states", "return_final_states")
+        named = {k: kwargs[k] for k in ("D", "dt_bias", "dt_softplus", "dt_limit") if k in kwargs}
+        if hidden_states.is_cuda and fla_available():
+            return _mamba2_fla(hidden_states, dt, A, B, C, cu, **named)
+        raw = getattr(original, "__wrapped__", original)
+        return _per_sequence(raw, cu, 1, (hidden_states, dt, A, B, C, chunk_size), named)
+    return mamba2_chunk_scan
+
+
+def _mamba2_fla(x, dt, A, B, C, cu, D=None, dt_bias=None, dt_softplus=False, dt_limit=(0.0, float("inf"))):
+    """The Mamba-2 scan as flash-linear-attention's varlen simple GLA: ``q=C, k=B, v=dt*x, log-decay=dt*A``."""
+    from fla.ops.simple_gla import chunk_simple_gla
+
+    dt = dt.float() + (dt_bias.float() if dt_bias is not None else 0.0)
+    dt = torch.nn.functional.softplus(dt) if dt_softplus else dt
+    dt = dt.clamp(dt_limit[0], dt_limit[1])
+    heads = x.shape[2]
+    q = C.repeat_interleave(heads // C.shape[2], dim=2).to(x.dtype)
+    k = B.repeat_interleave(heads // B.shape[2], dim=2).to(x.dtype)
+    v = (x.float() * dt[..., None]).to(x.dtype)
+    y, _ = chunk_simple_gla(q, k, v, g=dt * A.float(), scale=1.0, cu_seqlens=cu)
+    return y.float() + (x.float() * D.float()[:, None] if D is not None else 0.0)
+
+
+def _mamba2_fused(original: Callable) -> Callable:
+    def mamba2_split_conv1d_scan_combined(zxbcdt, *args, **kwargs):
+        if _boundaries(kwargs, zxbcdt.shape[1]) is not None:
+            return None  # the layer then takes its unfused path: packprep's short convolution and scan above
+        return original(zxbcdt, *args, **_plain(kwargs))
+    return mamba2_split_conv1d_scan_combined
+
+
+_REPLACEMENTS = {
+    "causal_conv1d_fn": _conv,
+    "torch_chunk_gated_delta_rule": _gated_delta_rule,
+    "mamba2_chunk_scan": _mamba2_scan,
+    "mamba2_split_conv1d_scan_combined": _mamba2_fused,
+}
