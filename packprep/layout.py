@@ -20,7 +20,7 @@ How to add a layout: append ONE ``Layout(...)`` to ``LAYOUTS`` below (or call ``
   a column's flat values and offsets as numpy, ``LayoutContext`` the row length and manifest;
 * ``recipe``: the few lines of that stack's settings (markdown, first line the
   ``packprep.torch.check_pipeline`` guard: ``guarded_recipe(...)``), shown in the dataset card;
-  its fenced code blocks must appear verbatim in the README (a test checks);
+  its fenced code blocks must appear verbatim in docs/training.md (a test checks);
 * ``test``: the test that runs the stack's own code on such shards;
 
 then add a literal-tensor test of the adapter (tiny hand-written rows in, exact columns out) and
