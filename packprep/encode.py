@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol
 
 from .errors import ConfigError, InputError
 from .normalize import Conversation, FieldNames, Policy, Rejected, detect_format, fit_to_template, normalize
-from .read import Part, Record, Source, first_records, plan_parts, read_part
+from .read import Part, Record, Source, first_records, read_part
 from .tokenize import GUARD_CHARS, ChatEncoder, Encoded, load_tokenizer
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -78,10 +78,10 @@ class Encoding:
         _check_template(encoder, formats, config.max_len if max_len is None else max_len)
         return cls(sources, formats, fields, tok, tokenizer, encoder, config, _record_policy(encoder, config))
 
-    def run(self, engine: "Engine", ledger: "Ledger", sink: Callable[[Part], Sink]) -> Iterator["PartResult"]:
-        """Encode every part on ``engine``; merge each result into ``ledger`` in input order and yield
-        it (``payload``: its sink's result; ``sink(part)`` makes a part's sink, in the worker)."""
-        parts = plan_parts(self.sources, engine.workers, engine)
+    def run(self, engine: "Engine", parts: list[Part], ledger: "Ledger", sink: Callable[[Part], Sink]) -> Iterator["PartResult"]:
+        """Encode ``parts`` (``packprep.pipeline.plan_parts``) on ``engine``; merge each result into
+        ``ledger`` in input order and yield it (``payload``: its sink's result; ``sink(part)`` makes a
+        part's sink, in the worker)."""
         context = EncodeContext(self.tokenizer_name, self.config, self.fields, self.policy, self.formats, sink,
                                 self.encoder)
         merged = _Merge(self.sources, ledger)

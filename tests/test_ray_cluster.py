@@ -220,7 +220,7 @@ def test_pack_on_four_nodes_writes_the_local_engines_bytes(cluster, tmp_path, mo
     """The whole pipeline on the cluster: parts read, encoded and spilled by tasks on every node,
     shards written and checked by tasks; the folder is byte-identical to the local engine's."""
     import packprep
-    from packprep import read
+    from packprep import pipeline, read
 
     from .conftest import EXAMPLE_CHATS, EXAMPLE_TOKENIZER
 
@@ -252,7 +252,7 @@ def test_a_json_arrays_scan_runs_on_the_cluster_and_cuts_where_one_chunk_does(en
     monkeypatch.setattr(read, "PART_BYTES", 20_000)
     one_chunk = read.plan_parts(sources, NODES)
     monkeypatch.setattr(read, "JSON_CHUNK_BYTES", 1)  # a chunk a node
-    assert read.plan_parts(sources, NODES, engine) == one_chunk
+    assert pipeline.plan_parts(sources, engine) == one_chunk
     assert len(one_chunk) > 10 and {p.kind for p in one_chunk} == {"json-range"}
 
 

@@ -1,0 +1,92 @@
+"""The modules of packprep import in one direction: no import cycle among them (lazy imports inside
+functions count, ``if TYPE_CHECKING:`` ones do not), and the steps of the pipeline import neither
+``engines``, ``verify`` nor ``pipeline``: ``pipeline.py`` is the one place that runs stages on an
+engine, and each step offers a planner and the functions its workers run."""
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "packprep"
+STEPS = {"read", "normalize", "render", "render_onepass", "tokenize", "tiktoken_backend", "tokenizer_folder",
+         "encode", "plan", "packing", "materialize", "write", "join", "layout", "layouts"}
+NOT_FROM_STEPS = {"engines", "verify", "pipeline"}
+
+
+def _name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def _type_checking(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def _imports(name: str) -> set[str]:
+    """The packprep modules ``name`` imports at run time."""
+    path = MODULES[name]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    stack = [ast.parse(path.read_text())]
+    while stack:
+        node = stack.pop()
+        if _type_checking(node):
+            continue
+        stack.extend(ast.iter_child_nodes(node))
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == "packprep"}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            if base.split(".")[0] != "packprep":
+                continue
+            for alias in node.names:  # `from . import plan` imports the module packprep.plan
+                found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base)
+    return {m for m in found if m in MODULES and m != name}
+
+
+GRAPH = {name: _imports(name) for name in MODULES}
+
+
+def _cycle_from(start: str) -> list[str] | None:
+    """A path of imports from ``start`` back to itself, if there is one."""
+    stack, seen = [(start, [start])], set()
+    while stack:
+        node, path = stack.pop()
+        for nxt in sorted(GRAPH[node]):
+            if nxt == start:
+                return path + [start]
+            if nxt not in seen:
+                seen.add(nxt)
+                stack.append((nxt, path + [nxt]))
+    return None
+
+
+def _within_a_package(cycle: list[str]) -> bool:
+    """A package's ``__init__`` and its own submodules: Python imports the package first anyway."""
+    return any(MODULES[p].name == "__init__.py" and all(m == p or m.startswith(p + ".") for m in cycle)
+               for p in cycle)
+
+
+def _top(module: str) -> str:
+    """``packprep.layouts.megatron`` -> ``layouts``."""
+    return (module.split(".") + [""])[1]
+
+
+def test_no_import_cycle():
+    cycles = {" -> ".join(c) for c in map(_cycle_from, sorted(GRAPH)) if c and not _within_a_package(c)}
+    assert not cycles, sorted(cycles)
+
+
+def test_steps_import_no_engine_verify_or_pipeline():
+    bad = {name: sorted(m for m in deps if _top(m) in NOT_FROM_STEPS) for name, deps in GRAPH.items() if _top(name) in STEPS}
+    bad = {name: deps for name, deps in bad.items() if deps}
+    assert not bad, bad
+
+
+def test_verify_builds_no_engine():
+    assert not {m for m in GRAPH["packprep.verify"] if m.startswith("packprep.engines")}
