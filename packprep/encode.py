@@ -25,6 +25,7 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol
 
 from .errors import ConfigError, InputError
+from .fates import FATES, PACKED, REJECTED, SPLIT, TRUNCATED  # noqa: F401  (the ledger's vocabulary)
 from .normalize import Conversation, FieldNames, Policy, Rejected, detect_format, fit_to_template, normalize
 from .read import Part, Record, Source, first_records, read_part
 from .tokenize import GUARD_CHARS, ChatEncoder, Encoded, load_tokenizer
@@ -33,9 +34,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from .engines import Engine
     from .pipeline import PackConfig
 
-# What became of each input record (the manifest counts these; verify checks they add up).
-FATES = ("packed", "truncated", "split", "rejected")
-PACKED, TRUNCATED, SPLIT, REJECTED = range(len(FATES))
 BATCH = 256  # conversations a tokenizer call
 TOKENIZER_FILES_LIMIT = 64 << 20  # a tokenizer folder travels to remote workers as its files up to this size
 

@@ -18,14 +18,13 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from .encode import TRUNCATED, Ledger
-from .layout import ROW_SCHEMA
+from .encode import Ledger
+from .fates import DROPPED, EMPTIED, TRUNCATED
+from .layout import IGNORE_INDEX, ROW_SCHEMA
 from .normalize import Rejected
 from .packing import index_dtype
-from .plan import DROPPED, EMPTIED, overlong_fates
-from .plan import TRUNCATED as OVERLONG_TRUNCATED
+from .plan import overlong_fates
 from .read import Part
-from .tokenize import IGNORE_INDEX
 
 RUNNING_BLOCK = 1 << 20  # values summed at a time into int64 (see _running_total)
 
@@ -225,7 +224,7 @@ class PackSink:
                 reason = f"{len(ids)} tokens; no supervised token is left after truncation to --max-len {max_len}"
                 ledger.reject(record, number, reason, "overlong")
                 continue
-            if fate == OVERLONG_TRUNCATED:
+            if fate == TRUNCATED:
                 ids, labels = ids[:max_len], labels[:max_len]
                 ledger.status[number] = TRUNCATED
             ledger.keep(conversation, item)

@@ -36,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 
 from .errors import ConfigError, InputError
-from .layout import ROW_SCHEMA, LayoutError, ShardReader, list_column, readable_layout
+from .layout import IGNORE_INDEX, ROW_SCHEMA, LayoutError, ShardReader, list_column, readable_layout
 from .normalize import load_schema
 from .read import file_sha256
 
@@ -342,10 +342,10 @@ def _check_rows(table, name, context: ShardContext, check: ShardCheck, sources: 
     if len(bad):
         fail("position_ids", _first_row(tok_off, bad), f"position_ids do not restart at 0 at each sequence (token {int(bad[0] - tok_off[_first_row(tok_off, bad)])})")
     firsts = seq_start[seq_lens > 0]
-    bad = firsts[labels[firsts] != -100]
+    bad = firsts[labels[firsts] != IGNORE_INDEX]
     if len(bad):
         fail("first_label", _first_row(tok_off, bad), "first label of a packed sequence is not -100")
-    bad = np.flatnonzero((labels != -100) & (labels != ids))
+    bad = np.flatnonzero((labels != IGNORE_INDEX) & (labels != ids))
     if len(bad):
         fail("labels", _first_row(tok_off, bad), "a label is neither -100 nor its input id")
     if not context.may_exceed and (row_len > context.max_len).any():
@@ -359,7 +359,7 @@ def _check_rows(table, name, context: ShardContext, check: ShardCheck, sources: 
     check.rows += table.num_rows
     check.sequences += len(seq_lens)
     check.tokens += len(ids)
-    check.supervised += int((labels != -100).sum())
+    check.supervised += int((labels != IGNORE_INDEX).sum())
     return True
 
 

@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .errors import ConfigError, OutputError
-from .layout import ROW_SCHEMA
+from .layout import IGNORE_INDEX, ROW_SCHEMA
 from .materialize import Segments, TokenStore, materialize
 from .join import join_pieces
 
@@ -177,7 +177,7 @@ def _arrow_ready() -> None:
     writers then share instead of each making a copy of its own."""
     row = {"input_ids": [0, 0], "labels": [0, 0], "position_ids": [0, 1], "seq_lens": [2], "source_index": [0]}
     table = pa.Table.from_pylist([row], schema=ROW_SCHEMA)
-    pc.sum(pc.not_equal(pc.list_flatten(table.column("labels")), -100))
+    pc.sum(pc.not_equal(pc.list_flatten(table.column("labels")), IGNORE_INDEX))
     sink = pa.BufferOutputStream()
     with shard_writer(sink, "parquet") as write:
         write(table)
@@ -216,7 +216,7 @@ def write_piece(job: ShardJob, piece: tuple[int, int, int, int]) -> tuple[int, i
         for start in range(lo, hi, job.rows_per_group):  # one row group in memory at a time
             table = materialize(job.store, job.segments.select(start, min(hi, start + job.rows_per_group)))
             labels = pc.list_flatten(table.column("labels"))
-            supervised += pc.sum(pc.not_equal(labels, -100)).as_py() or 0
+            supervised += pc.sum(pc.not_equal(labels, IGNORE_INDEX)).as_py() or 0
             tokens += len(labels)
             write(table)
     return tokens, supervised

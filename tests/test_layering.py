@@ -90,3 +90,34 @@ def test_steps_import_no_engine_verify_or_pipeline():
 
 def test_verify_builds_no_engine():
     assert not {m for m in GRAPH["packprep.verify"] if m.startswith("packprep.engines")}
+
+
+ONE_HOME = {"IGNORE_INDEX": "packprep.layout", "FATES": "packprep.fates", "PACKED": "packprep.fates",
+            "TRUNCATED": "packprep.fates", "SPLIT": "packprep.fates", "REJECTED": "packprep.fates",
+            "DROPPED": "packprep.fates", "EMPTIED": "packprep.fates"}
+
+
+def test_the_label_mask_and_the_record_fates_are_defined_once():
+    """IGNORE_INDEX and the record fates are assigned in one module each, and no other module writes
+    the number -100 in code (in words, in messages and docstrings, it may stay)."""
+    import io
+    import tokenize
+
+    homes, literals = {}, []
+    for name, path in MODULES.items():
+        source = path.read_text()
+        for node in ast.parse(source).body:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+            for target in targets:
+                for leaf in ast.walk(target):
+                    if isinstance(leaf, ast.Name) and leaf.id in ONE_HOME:
+                        homes.setdefault(leaf.id, []).append(name)
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+        literals += [f"{name}:{b.start[0]}" for a, b in zip(tokens, tokens[1:])
+                     if a.string == "-" and b.type == tokenize.NUMBER and b.string == "100"]
+    assert homes == {name: [home] for name, home in ONE_HOME.items()}
+    assert literals == [f"packprep.layout:{_line_of('packprep.layout', 'IGNORE_INDEX = -100')}"]
+
+
+def _line_of(module: str, text: str) -> int:
+    return next(n for n, line in enumerate(MODULES[module].read_text().splitlines(), 1) if line.startswith(text))

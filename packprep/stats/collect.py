@@ -19,7 +19,7 @@ from ..encode import Encoding, Ledger
 from ..errors import ConfigError, InputError
 from ..pipeline import plan_parts
 from ..progress import Progress
-from ..tokenize import IGNORE_INDEX
+from ..layout import IGNORE_INDEX
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..engines import Engine
