@@ -220,7 +220,7 @@ def test_pack_on_four_nodes_writes_the_local_engines_bytes(cluster, tmp_path, mo
     """The whole pipeline on the cluster: parts read, encoded and spilled by tasks on every node,
     shards written and checked by tasks; the folder is byte-identical to the local engine's."""
     import packprep
-    from packprep import pipeline, read
+    from packprep import read
 
     from .conftest import EXAMPLE_CHATS, EXAMPLE_TOKENIZER
 
@@ -241,7 +241,7 @@ def test_a_json_arrays_scan_runs_on_the_cluster_and_cuts_where_one_chunk_does(en
     same parts as the whole array scanned as one chunk here."""
     import json
 
-    from packprep import read
+    from packprep import pipeline, read
 
     from .conftest import EXAMPLE_CHATS
 
