@@ -21,8 +21,8 @@ from .layout import layout_names
 from .normalize import CONSECUTIVE, FORMATS, LEADING, SYSTEM, changes_text
 from .packing import ROW_ORDERS, STRATEGIES, STRATEGY_TABLE
 from .inspect import inspect_row
-from .engines import ENGINES, make_engine
-from .pipeline import ON_ERROR, PackConfig, pack as pack_
+from .engines import ENGINES
+from .pipeline import ON_ERROR, PackConfig, pack as pack_, verify_folder
 from .stats import DEFAULT_MAX_LENS, DEFAULT_STRATEGIES, stats as stats_
 from .verify import verify as verify_
 from .plan import OVERLONG
@@ -202,11 +202,7 @@ def verify(folder, retokenize, seed, num_proc, as_json):
     """
     from .errors import EXIT_VERIFY
 
-    engine = make_engine("local", num_proc)
-    try:
-        report = verify_(folder, retokenize=retokenize, seed=seed, engine=engine)
-    finally:
-        engine.close()
+    report = verify_folder(folder, num_proc, retokenize=retokenize, seed=seed)
     if as_json:
         click.echo(json.dumps({"ok": report.ok, "rows": report.rows, "sequences": report.sequences,
                                "tokens": report.tokens, "retokenized": report.retokenized,

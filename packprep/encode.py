@@ -25,17 +25,15 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol
 
 from .errors import ConfigError, InputError
+from .fates import FATES, PACKED, REJECTED, SPLIT, TRUNCATED  # noqa: F401  (the ledger's vocabulary)
 from .normalize import Conversation, FieldNames, Policy, Rejected, detect_format, fit_to_template, normalize
-from .read import Part, Record, Source, first_records, plan_parts, read_part
+from .read import Part, Record, Source, first_records, read_part
 from .tokenize import GUARD_CHARS, ChatEncoder, Encoded, load_tokenizer
 
 if TYPE_CHECKING:  # pragma: no cover
     from .engines import Engine
     from .pipeline import PackConfig
 
-# What became of each input record (the manifest counts these; verify checks they add up).
-FATES = ("packed", "truncated", "split", "rejected")
-PACKED, TRUNCATED, SPLIT, REJECTED = range(len(FATES))
 BATCH = 256  # conversations a tokenizer call
 TOKENIZER_FILES_LIMIT = 64 << 20  # a tokenizer folder travels to remote workers as its files up to this size
 
@@ -78,10 +76,10 @@ class Encoding:
         _check_template(encoder, formats, config.max_len if max_len is None else max_len)
         return cls(sources, formats, fields, tok, tokenizer, encoder, config, _record_policy(encoder, config))
 
-    def run(self, engine: "Engine", ledger: "Ledger", sink: Callable[[Part], Sink]) -> Iterator["PartResult"]:
-        """Encode every part on ``engine``; merge each result into ``ledger`` in input order and yield
-        it (``payload``: its sink's result; ``sink(part)`` makes a part's sink, in the worker)."""
-        parts = plan_parts(self.sources, engine.workers, engine)
+    def run(self, engine: "Engine", parts: list[Part], ledger: "Ledger", sink: Callable[[Part], Sink]) -> Iterator["PartResult"]:
+        """Encode ``parts`` (``packprep.pipeline.plan_parts``) on ``engine``; merge each result into
+        ``ledger`` in input order and yield it (``payload``: its sink's result; ``sink(part)`` makes a
+        part's sink, in the worker)."""
         context = EncodeContext(self.tokenizer_name, self.config, self.fields, self.policy, self.formats, sink,
                                 self.encoder)
         merged = _Merge(self.sources, ledger)

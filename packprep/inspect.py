@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from .errors import ConfigError, InputError
-from .layout import LayoutError, ShardReader
-from .tokenize import IGNORE_INDEX, load_tokenizer
+from .layout import IGNORE_INDEX, LayoutError, ShardReader
+from .tokenize import load_tokenizer
 from .verify import read_manifest
 
 OPEN, CLOSE = "[[", "]]"

@@ -8,7 +8,8 @@ A *layout* is what one training stack loads natively, made from canonical rows b
 It is chosen at pack time (``--layout``) or afterwards (``packprep export DIR --to NAME OUT``, which
 reads shards and never re-tokenizes). The manifest records it (``"layout"``).
 
-How to add a layout: append ONE ``Layout(...)`` to ``LAYOUTS`` below (or call ``register``) with
+How to add a layout: append ONE ``Layout(...)`` to ``LAYOUTS`` below (or call ``register``; a stack
+with an adapter module of its own: one entry in ``packprep.layouts.STACKS``) with
 
 * ``writes``: ``TABLE`` (Parquet/Arrow shards under ``data/``, as ``load_dataset(DIR)`` reads),
   ``SAVE_TO_DISK`` (an Arrow ``data/`` folder that ``datasets.load_from_disk(DIR/data)`` opens) or
@@ -20,7 +21,7 @@ How to add a layout: append ONE ``Layout(...)`` to ``LAYOUTS`` below (or call ``
   a column's flat values and offsets as numpy, ``LayoutContext`` the row length and manifest;
 * ``recipe``: the few lines of that stack's settings (markdown, first line the
   ``packprep.torch.check_pipeline`` guard: ``guarded_recipe(...)``), shown in the dataset card;
-  its fenced code blocks must appear verbatim in the README (a test checks);
+  its fenced code blocks must appear verbatim in docs/training.md (a test checks);
 * ``test``: the test that runs the stack's own code on such shards;
 
 then add a literal-tensor test of the adapter (tiny hand-written rows in, exact columns out) and
@@ -38,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from .errors import ConfigError
+from .layouts import FILES, SAVE_TO_DISK, STACKS, TABLE, guarded_recipe
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
@@ -289,7 +291,6 @@ def list_column(table: "pa.Table", name: str):
 # layouts
 # ---------------------------------------------------------------------------------------------
 
-TABLE, SAVE_TO_DISK, FILES = "table", "save_to_disk", "files"
 DEFAULT_LAYOUT = "packprep"
 
 
@@ -372,12 +373,6 @@ def layout_names() -> tuple[str, ...]:
     return tuple(LAYOUTS)
 
 
-def guarded_recipe(call: str) -> str:
-    return (f"First, always: `{call}` runs one packed row through exactly this setup and raises, naming the "
-            "cause, if packed sequences would see each other (an attention mask, recomputed position ids, "
-            "dropped columns, truncation, a KV cache).\n\n")
-
-
 LOOP_RECIPE = guarded_recipe('check_pipeline(collate_packed, model, "packed/")') + """\
 ```python
 from torch.utils.data import DataLoader
@@ -443,4 +438,5 @@ register(Layout(
     test="tests/test_trainers.py::test_trl_recipe", renames={"seq_lens": "seq_lengths"},
 ))
 
-from . import layouts as _stacks  # noqa: E402,F401  registers torchtune, llamafactory, axolotl, megatron
+for _stack in STACKS:  # torchtune, llamafactory, megatron, axolotl: packprep/layouts/
+    register(Layout(**_stack))

@@ -18,9 +18,13 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from .layout import ROW_SCHEMA
+from .encode import Ledger
+from .fates import DROPPED, EMPTIED, TRUNCATED
+from .layout import IGNORE_INDEX, ROW_SCHEMA
+from .normalize import Rejected
 from .packing import index_dtype
-from .tokenize import IGNORE_INDEX
+from .plan import overlong_fates
+from .read import Part
 
 RUNNING_BLOCK = 1 << 20  # values summed at a time into int64 (see _running_total)
 
@@ -188,3 +192,45 @@ def materialize(store: TokenStore, segments: Segments) -> pa.Table:
         ],
         schema=ROW_SCHEMA,
     )
+
+
+class PackSink:
+    """pack's encode sink, run in the workers: apply the ``--overlong`` rule to each encoded record,
+    in input order, and spill what stays to the part's token files."""
+
+    def __init__(self, cache_dir, max_len: int, overlong: str, part: Part):
+        self.max_len, self.overlong = max_len, overlong
+        self.spill = TokenSpill(cache_dir, part.number)
+
+    def take(self, batch, ledger: Ledger) -> int:
+        max_len = self.max_len
+        lengths = np.array([0 if isinstance(item, Rejected) else len(item.input_ids) for *_, item in batch], np.int64)
+        within = None
+        if self.overlong == "truncate" and (lengths > max_len).any():
+            within = [int((item.labels[1:max_len] != IGNORE_INDEX).sum()) if n > max_len else 1
+                      for (*_, item), n in zip(batch, lengths.tolist())]
+        tokens = 0
+        for (number, record, conversation, item), fate in zip(batch, overlong_fates(lengths, max_len, self.overlong,
+                                                                                      within)):
+            item = ledger.accept(record, number, item)
+            if item is None:
+                continue
+            ids, labels = item.input_ids, item.labels
+            if fate == DROPPED:
+                reason = f"{len(ids)} tokens, longer than --max-len {max_len} (--overlong drop)"
+                ledger.reject(record, number, reason, "overlong")
+                continue
+            if fate == EMPTIED:
+                reason = f"{len(ids)} tokens; no supervised token is left after truncation to --max-len {max_len}"
+                ledger.reject(record, number, reason, "overlong")
+                continue
+            if fate == TRUNCATED:
+                ids, labels = ids[:max_len], labels[:max_len]
+                ledger.status[number] = TRUNCATED
+            ledger.keep(conversation, item)
+            self.spill.append(ids, labels)
+            tokens += len(ids)
+        return tokens
+
+    def finish(self):
+        return self.spill.finish()

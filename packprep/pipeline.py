@@ -15,21 +15,22 @@ from functools import partial
 
 import numpy as np
 
-from . import __version__, plan
+from . import __version__
 from .card import length_histograms, render_card
-from .encode import FATES, PACKED, REJECTED, SPLIT, TRUNCATED, Encoding, Ledger
-from .engines import Engine, make_engine
+from .encode import FATES, PACKED, REJECTED, SPLIT, Encoding, Ledger
+from .engines import Engine, LocalEngine, make_engine, runs_per_item
 from .errors import ConfigError, InputError
 from .layout import DEFAULT_LAYOUT, get_layout
-from .materialize import Segments, TokenSpill, TokenStore
-from .normalize import CHANGES, CONSECUTIVE, FORMATS, LEADING, SYSTEM, Rejected
+from .materialize import PackSink, Segments, TokenStore
+from .normalize import CHANGES, CONSECUTIVE, FORMATS, LEADING, SYSTEM
 from .packing import ROW_ORDERS, STRATEGY_TABLE, Bins, lower_bound, order_bins
-from .plan import check_overlong, check_strategy, overlong_fates, plan_bins
+from .plan import check_overlong, check_strategy, plan_bins
 from .progress import Progress
-from .read import Part, Source, file_sha256, resolve_inputs
-from .tokenize import BACKENDS, IGNORE_INDEX, TRAIN_ON, tokenizer_fingerprint
-from .verify import ShardContext, verify
-from .write import SHARD_FORMATS, OutputFolder, parse_size, write_shards
+from .read import Part, PartPlan, Source, file_sha256, resolve_inputs, scan_json_chunk
+from .tokenize import BACKENDS, TRAIN_ON, tokenizer_fingerprint
+from .verify import Report, ShardCheck, ShardContext, check_part, check_tasks, join_checks, verify
+from .write import (SHARD_FORMATS, OutputFolder, finish_shards, join_shard, parse_size, prepare_shards, shard_pieces,
+                    write_piece, writers)
 
 ON_ERROR = ("skip", "fail")
 
@@ -143,7 +144,7 @@ def _pack_into(folder: OutputFolder, encoding: Encoding, config: PackConfig, lay
         with ledger, Progress(progress, None, "read+tokenize", "conv") as bar:
             spills = []
             sink = partial(PackSink, cache, config.max_len, config.overlong)
-            for result in encoding.run(engine, ledger, sink):
+            for result in encoding.run(engine, plan_parts(encoding.sources, engine), ledger, sink):
                 spills.append(result.payload)
                 bar.update(result.records, result.tokens)
             store = TokenStore.from_spills(cache, spills, _rejected(ledger))
@@ -170,7 +171,7 @@ def _pack_into(folder: OutputFolder, encoding: Encoding, config: PackConfig, lay
         manifest["layout"] = DEFAULT_LAYOUT
         (tmp / "packprep.json").write_text(json.dumps(manifest, indent=2) + "\n")
         (tmp / "README.md").write_text(render_card(manifest))
-        report = verify(tmp, check_hashes=False, engine=engine, checked=checked)
+        report = verify(tmp, check_hashes=False, checked=checked)
         if not report.ok:  # a packprep bug, never a data problem: refuse to publish it
             raise RuntimeError(f"packed output failed verification: {report.failures[:3]}")
         if layout.name != DEFAULT_LAYOUT:
@@ -192,48 +193,6 @@ def _nothing_to_pack(ledger: Ledger, sources: list[Source]) -> str:
         f"{where}: all {len(ledger.status):,} records were rejected ({reasons}); nothing was written. "
         "Check --format, --messages-field and the tokenizer's chat template, or run packprep stats to see why"
     )
-
-
-class PackSink:
-    """pack's encode sink, run in the workers: apply the ``--overlong`` rule to each encoded record,
-    in input order, and spill what stays to the part's token files."""
-
-    def __init__(self, cache_dir, max_len: int, overlong: str, part: Part):
-        self.max_len, self.overlong = max_len, overlong
-        self.spill = TokenSpill(cache_dir, part.number)
-
-    def take(self, batch, ledger: Ledger) -> int:
-        max_len = self.max_len
-        lengths = np.array([0 if isinstance(item, Rejected) else len(item.input_ids) for *_, item in batch], np.int64)
-        within = None
-        if self.overlong == "truncate" and (lengths > max_len).any():
-            within = [int((item.labels[1:max_len] != IGNORE_INDEX).sum()) if n > max_len else 1
-                      for (*_, item), n in zip(batch, lengths.tolist())]
-        tokens = 0
-        for (number, record, conversation, item), fate in zip(batch, overlong_fates(lengths, max_len, self.overlong,
-                                                                                      within)):
-            item = ledger.accept(record, number, item)
-            if item is None:
-                continue
-            ids, labels = item.input_ids, item.labels
-            if fate == plan.DROPPED:
-                reason = f"{len(ids)} tokens, longer than --max-len {max_len} (--overlong drop)"
-                ledger.reject(record, number, reason, "overlong")
-                continue
-            if fate == plan.EMPTIED:
-                reason = f"{len(ids)} tokens; no supervised token is left after truncation to --max-len {max_len}"
-                ledger.reject(record, number, reason, "overlong")
-                continue
-            if fate == plan.TRUNCATED:
-                ids, labels = ids[:max_len], labels[:max_len]
-                ledger.status[number] = TRUNCATED
-            ledger.keep(conversation, item)
-            self.spill.append(ids, labels)
-            tokens += len(ids)
-        return tokens
-
-    def finish(self):
-        return self.spill.finish()
 
 
 def _rejected(ledger: Ledger) -> np.ndarray:
@@ -300,3 +259,70 @@ def _manifest(config, encoding: Encoding, ledger, sequences: int, segments, shar
     }
 
 
+
+
+# ---------------------------------------------------------------------------------------------
+# the stages of the steps, on an engine: the steps plan their tasks and do them, this runs them
+# ---------------------------------------------------------------------------------------------
+
+def plan_parts(sources: list[Source], engine: Engine) -> list[Part]:
+    """The parts the encode stage reads (:class:`packprep.read.PartPlan`), its JSON arrays scanned in
+    chunks on ``engine``, all in one stage."""
+    plan = PartPlan.start(sources, engine.workers)
+    scans = plan.scans
+    found = engine.map(scan_json_chunk, None, scans) if len(scans) > 1 else (scan_json_chunk(None, c) for c in scans)
+    return plan.parts(list(found))
+
+
+def write_shards(folder, store: TokenStore, segments: Segments, max_len: int, shard_format: str = "parquet",
+                 shard_bytes: int = 500_000_000, progress=None, engine: Engine | None = None,
+                 check: ShardContext | None = None, tokens_done=None) -> tuple[list[dict], list]:
+    """Write all rows of ``segments`` as shards under ``folder/data``; return their manifest entries
+    and, with ``check``, each shard's check, read back from the file.
+
+    Three stages of ``engine``'s workers (default: this process): where the shards are too few to
+    keep every worker busy, each is cut into pieces of whole row groups, written side by side
+    (:func:`packprep.write.write_piece`); each shard's pieces are joined into it (``join_shard``);
+    with ``check``, the shards are read back and checked, a run of row groups a task
+    (:func:`check_shards`). A joined shard is byte for byte what one writer makes
+    (``packprep.join``), so the bytes depend neither on the engine nor on the number of workers.
+    ``tokens_done`` is called once every piece is written: the token store is not read after that.
+    Memory: each writer holds one row group and its Parquet buffers (``packprep.write.writers``).
+    """
+    engine = engine or LocalEngine()
+    job, plan = prepare_shards(folder, store, segments, max_len, shard_format, shard_bytes)
+    workers = writers(engine.workers)
+    pieces = shard_pieces(plan, job.rows_per_group, runs_per_item(len(plan), workers))
+    written = np.zeros((len(plan), 3), np.int64)  # a shard's pieces, tokens, supervised tokens
+    for (index, _, lo, hi), counts in zip(pieces, engine.map(write_piece, job, pieces, workers=workers)):
+        written[index] += (1, *counts)
+        if progress is not None:
+            progress.update(hi - lo, counts[0])
+    if tokens_done is not None:
+        tokens_done()
+    shards = [(index, first, last, *map(int, written[index])) for index, (first, last) in enumerate(plan)]
+    entries = list(engine.map(join_shard, job, shards, workers=workers))
+    checks = [None] * len(entries) if check is None else check_shards(check, entries, engine, workers)
+    finish_shards(folder, shard_format, entries)
+    return entries, checks
+
+
+def check_shards(context: ShardContext, shards: list[dict], engine: Engine, workers: int | None = None) -> list[ShardCheck]:
+    """Each shard's check, in order; where the shards are too few to keep every worker busy, a task
+    checks a run of a shard's row groups (``engines.runs_per_item``). (No more workers than tasks: a
+    single one runs here, unforked.)"""
+    workers = min(engine.workers, workers or engine.workers)
+    tasks = check_tasks(context, shards, runs_per_item(len(shards), workers))
+    parts = [part for _, part in tasks]
+    return join_checks(shards, tasks, engine.map(check_part, context, parts, workers=max(1, min(workers, len(parts)))))
+
+
+def verify_folder(folder, num_proc: int | None = None, engine: Engine | None = None, **options) -> Report:
+    """:func:`packprep.verify.verify` with the shards checked on ``engine`` (default: a local one of
+    ``num_proc`` workers, all cores by default, closed after); the report is the same with any."""
+    runner = engine or make_engine("local", num_proc)
+    try:
+        return verify(folder, checker=partial(check_shards, engine=runner), **options)
+    finally:
+        if engine is None:
+            runner.close()

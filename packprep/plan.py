@@ -10,11 +10,11 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import ConfigError
+from .fates import DROPPED, EMPTIED, PACKED, TRUNCATED
 from .packing import STRATEGIES, STRATEGY_TABLE, Bins, Strategy, index_dtype, pack_lengths, pieces_to_bins, split_pieces
 
 OVERLONG = ("truncate", "drop", "split")
-# What --overlong does to one sample (see overlong_fates).
-WHOLE, TRUNCATED, DROPPED, EMPTIED = range(4)
+WHOLE = PACKED  # what --overlong decides for a sample that stays whole (packprep.fates)
 
 
 def check_strategy(name: str, samples_per_row: int | None = None) -> Strategy:
@@ -33,9 +33,9 @@ def check_overlong(overlong: str) -> None:
 
 
 def overlong_fates(lengths, max_len: int, overlong: str, supervised_within=None) -> np.ndarray:
-    """What ``--overlong`` does to each sample, before packing (int8 array of the codes above).
+    """What ``--overlong`` does to each sample, before packing (int8 array of ``packprep.fates`` codes).
 
-    ``WHOLE``: it fits, or ``split`` leaves it whole here and the planner cuts it into pieces.
+    ``WHOLE`` (``PACKED``): it fits, or ``split`` leaves it whole here and the planner cuts it into pieces.
     ``TRUNCATED``: cut to its first ``max_len`` tokens. ``DROPPED`` (``drop``) and ``EMPTIED``
     (truncated with no supervised token left) are rejected. ``supervised_within`` holds each
     sample's supervised tokens within its first ``max_len`` (position 0 not counted); without it

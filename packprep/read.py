@@ -537,42 +537,71 @@ class Part:
     data_file: str = ""  # the Arrow file of a saved dataset (at ``path``) that the batches are in
 
 
-def plan_parts(sources: list[Source], workers: int, engine: Any = None) -> list[Part]:
+def plan_parts(sources: list[Source], workers: int) -> list[Part]:
+    """The parts of the inputs (:class:`PartPlan`), its JSON arrays scanned here, one chunk after another."""
+    plan = PartPlan.start(sources, workers)
+    return plan.parts([scan_json_chunk(None, chunk) for chunk in plan.scans])
+
+
+@dataclass
+class PartPlan:
     """Cut the inputs into parts: about sixteen a worker (so that workers finish together), none over
     ``PART_BYTES``. Uncompressed JSONL is cut at newlines, an uncompressed JSON array (even one named
     .jsonl) between items, Parquet at row groups, Arrow IPC files and streams at record batches, a
     saved dataset at the record batches of its files. Compressed JSON and JSONL (read from the start
     only) and a Hub id are one part each, as is an input whose plain case the planner cannot vouch for
     (its one part's reader reports what is wrong with it). The JSON arrays, which must be scanned
-    through, are scanned in chunks on ``engine`` (an ``engines.Engine``; None: here), all in one stage."""
-    sizes = [os.path.getsize(s.path) if os.path.isfile(s.path) else 0 for s in sources]
-    target = min(PART_BYTES, max(MIN_PART_BYTES, sum(sizes) // max(1, workers * 16)))
-    planned: list[list[tuple] | None] = []
-    arrays: dict[int, tuple[str, int]] = {}  # the JSON arrays to scan, by source number
-    for number, (source, size) in enumerate(zip(sources, sizes)):
-        pieces = None
-        try:
-            if source.kind in ("json", "jsonl") and not source.path.endswith(COMPRESSED_SUFFIXES) and size > target:
-                if source.kind == "json" or _first_character(source.path) == "[":
-                    arrays[number] = (source.path, size)
-                else:
-                    pieces = [("jsonl-range", a, b, 0, "") for a, b in _newline_cuts(source.path, size, target)]
-            elif source.kind == "parquet":
-                pieces = _parquet_pieces(source.path, target)
-            elif source.kind == "arrow":
-                pieces = _grouped("arrow-batches", _batch_sizes(source.path), target)
-            elif source.kind == "saved_dataset":
-                pieces = _saved_dataset_pieces(source.path, target)
-        except Exception:  # an unreadable file: its one part's reader reports it, naming the file
+    through, are cut into chunks (``scans``, about one a worker in all) that a stage scans
+    (:func:`scan_json_chunk`; ``packprep.pipeline.plan_parts`` runs it on an engine) before
+    :meth:`parts` places the cuts."""
+
+    sources: list[Source]
+    planned: list[list[tuple] | None]  # each input's pieces, None: one part (or a JSON array, below)
+    arrays: dict[int, tuple[str, int]]  # the JSON arrays, by source number: (path, size)
+    chunks: dict[int, list["JsonChunk"]]  # their chunks to scan, by source number
+    target: int  # the part size
+
+    @property
+    def scans(self) -> list["JsonChunk"]:
+        return [chunk for found in self.chunks.values() for chunk in found]
+
+    @classmethod
+    def start(cls, sources: list[Source], workers: int) -> "PartPlan":
+        """Plan the parts of ``sources`` for ``workers``; the JSON arrays' cuts wait for their scans."""
+        sizes = [os.path.getsize(s.path) if os.path.isfile(s.path) else 0 for s in sources]
+        target = min(PART_BYTES, max(MIN_PART_BYTES, sum(sizes) // max(1, workers * 16)))
+        planned: list[list[tuple] | None] = []
+        arrays: dict[int, tuple[str, int]] = {}  # the JSON arrays to scan, by source number
+        for number, (source, size) in enumerate(zip(sources, sizes)):
             pieces = None
-        planned.append(pieces)
-    for number, pieces in _json_arrays_pieces(arrays, target, workers, engine).items():
-        planned[number] = pieces
-    parts: list[Part] = []
-    for number, (source, pieces) in enumerate(zip(sources, planned)):
-        for kind, first, stop, first_record, data_file in pieces or [(source.kind, 0, None, 0, "")]:
-            parts.append(Part(len(parts), number, source.path, kind, first, stop, first_record, data_file))
-    return parts
+            try:
+                if source.kind in ("json", "jsonl") and not source.path.endswith(COMPRESSED_SUFFIXES) and size > target:
+                    if source.kind == "json" or _first_character(source.path) == "[":
+                        arrays[number] = (source.path, size)
+                    else:
+                        pieces = [("jsonl-range", a, b, 0, "") for a, b in _newline_cuts(source.path, size, target)]
+                elif source.kind == "parquet":
+                    pieces = _parquet_pieces(source.path, target)
+                elif source.kind == "arrow":
+                    pieces = _grouped("arrow-batches", _batch_sizes(source.path), target)
+                elif source.kind == "saved_dataset":
+                    pieces = _saved_dataset_pieces(source.path, target)
+            except Exception:  # an unreadable file: its one part's reader reports it, naming the file
+                pieces = None
+            planned.append(pieces)
+        return cls(sources, planned, arrays, _json_arrays_chunks(arrays, target, workers), target)
+
+    def parts(self, scanned: list) -> list[Part]:
+        """The parts, given what :func:`scan_json_chunk` found in each of :attr:`scans`, in order."""
+        scans = iter(scanned)
+        planned = list(self.planned)
+        for number, found in self.chunks.items():
+            planned[number] = _json_cuts(found, [next(scans) for _ in found], self.arrays[number][1], self.target)
+        parts: list[Part] = []
+        for number, (source, pieces) in enumerate(zip(self.sources, planned)):
+            for kind, first, stop, first_record, data_file in pieces or [(source.kind, 0, None, 0, "")]:
+                parts.append(Part(len(parts), number, source.path, kind, first, stop, first_record, data_file))
+        return parts
 
 
 def _newline_cuts(path: str, size: int, target: int) -> list[tuple[int, int]]:
@@ -605,23 +634,15 @@ BOM = b"\xef\xbb\xbf"
 _WHITESPACE = json.decoder.WHITESPACE.match
 
 
-def _json_arrays_pieces(arrays: dict[int, tuple[str, int]], target: int, workers: int,
-                        engine: Any) -> dict[int, list[tuple] | None]:
-    """The ranges of each JSON array (``_json_cuts``), by source number: every array is cut into
-    chunks, about one a worker in all, and the chunks are scanned in one stage on ``engine``."""
+def _json_arrays_chunks(arrays: dict[int, tuple[str, int]], target: int, workers: int) -> dict[int, list["JsonChunk"]]:
+    """The chunks of each JSON array to scan, by source number: about one a worker in all."""
     total = sum(size for _, size in arrays.values())
     chunk_bytes = max(JSON_CHUNK_BYTES, -(-total // max(1, workers)))
     chunks = {}
     for number, (path, size) in arrays.items():
         count = -(-size // chunk_bytes)
         chunks[number] = _json_chunks(path, [size * i // count for i in range(count + 1)], target)
-    items = [chunk for found in chunks.values() for chunk in found]
-    if engine is not None and len(items) > 1:
-        scans = iter(list(engine.map(scan_json_chunk, None, items)))
-    else:
-        scans = (scan_json_chunk(None, chunk) for chunk in items)
-    return {number: _json_cuts(found, [next(scans) for _ in found], arrays[number][1], target)
-            for number, found in chunks.items()}
+    return chunks
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .layout import ShardReader
+from .layout import IGNORE_INDEX, ShardReader
 from .normalize import FieldNames, Policy, Rejected, detect_format, fit_to_template, normalize
 from .read import file_sha256, resolve_inputs, stream_records
 from .render import ChatTemplate, Rendered, render_conversation
-from .tokenize import IGNORE_INDEX, load_tokenizer
+from .tokenize import load_tokenizer
 
 
 @dataclass

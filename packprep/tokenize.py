@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .errors import ConfigError, PackprepError
+from .layout import IGNORE_INDEX
 from .normalize import Conversation, Rejected
 from .render import Rendered, render_conversation, template_source
 from .render_onepass import choose_template
@@ -24,7 +25,6 @@ from .render_onepass import choose_template
 TRAIN_ON = ("assistant", "last", "all")
 BACKENDS = ("auto", "hf", "tiktoken")
 GUARD_CHARS = 200_000  # the first texts encoded are also encoded by HF and compared, up to this many characters
-IGNORE_INDEX = -100
 
 
 @dataclass

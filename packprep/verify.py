@@ -30,14 +30,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
 
-from .engines import Engine, LocalEngine, runs_per_item
 from .errors import ConfigError, InputError
-from .layout import ROW_SCHEMA, LayoutError, ShardReader, list_column, readable_layout
+from .layout import IGNORE_INDEX, ROW_SCHEMA, LayoutError, ShardReader, list_column, readable_layout
 from .normalize import load_schema
 from .read import file_sha256
 
@@ -108,15 +107,19 @@ class ShardCheck:
     sources: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
 
+Checker = Callable[["ShardContext", list[dict]], list[ShardCheck]]
+
+
 def verify(folder: str | Path, check_hashes: bool = True, retokenize: int = 0, seed: int = 0,
-           engine: Engine | None = None, checked: list[ShardCheck] | None = None) -> Report:
+           checked: list[ShardCheck] | None = None, checker: Checker | None = None) -> Report:
     """Check ``folder`` against the output contract; never raises on bad data, reports it.
 
     ``retokenize=N`` also rebuilds N randomly chosen sequences (``seed``) from the input records
     the manifest names and compares ids and labels (the inputs must be readable from here).
-    ``engine`` checks the shards in parallel (default: one by one in this process); the report
-    is the same with any engine. ``checked``: the manifest's shards already checked, in its order
-    (``pack`` checks the shards it wrote, reading them back); only the totals are left.
+    ``checker(context, shards)`` checks the shards (default: one by one in this process;
+    ``packprep.pipeline.verify_folder`` runs it on an engine); the report is the same with any.
+    ``checked``: the manifest's shards already checked, in its order (``pack`` checks the shards it
+    wrote, reading them back); only the totals are left.
     """
     folder = Path(folder)
     report = Report()
@@ -132,7 +135,7 @@ def verify(folder: str | Path, check_hashes: bool = True, retokenize: int = 0, s
     # rows checked: otherwise they would only repeat the failure above as a second, wrong one.
     complete = True
     if checked is None:
-        checked = check_shards(context, manifest["shards"], engine or LocalEngine(1))
+        checked = (checker or check_here)(context, manifest["shards"])
     for shard in checked:
         report.failures.extend(shard.failures)
         report.rows += shard.rows
@@ -152,18 +155,24 @@ def verify(folder: str | Path, check_hashes: bool = True, retokenize: int = 0, s
     return report
 
 
-def check_shards(context: ShardContext, shards: list[dict], engine: Engine, workers: int | None = None) -> list[ShardCheck]:
-    """Each shard's check, in order; where the shards are too few to keep every worker busy, a task
-    checks a run of a shard's row groups (``engines.runs_per_item``). (No more workers than tasks: a
-    single one runs here, unforked.)"""
-    workers = min(engine.workers, workers or engine.workers)
-    per_shard = runs_per_item(len(shards), workers)
-    runs = [(n, groups) for n, shard in enumerate(shards) for groups in _group_runs(context, shard, per_shard)]
-    parts = [(shards[n], groups) for n, groups in runs]
+def check_tasks(context: ShardContext, shards: list[dict], per_shard: int) -> list[tuple[int, tuple]]:
+    """The check stage's tasks ``(shard number, (shard, run of row groups))``: each shard whole
+    (``per_shard`` 1), else cut into at most ``per_shard`` runs of its row groups."""
+    return [(n, (shard, groups)) for n, shard in enumerate(shards) for groups in _group_runs(context, shard, per_shard)]
+
+
+def join_checks(shards: list[dict], tasks: list[tuple[int, tuple]], results: Iterator[ShardCheck]) -> list[ShardCheck]:
+    """Each shard's check, in order, from its tasks' results (:func:`check_part`, in task order)."""
     checked: list[list[ShardCheck]] = [[] for _ in shards]
-    for (n, _), part in zip(runs, engine.map(check_part, context, parts, workers=max(1, min(workers, len(parts))))):
+    for (n, _), part in zip(tasks, results):
         checked[n].append(part)
     return [joined_check(parts, shard) for parts, shard in zip(checked, shards)]
+
+
+def check_here(context: ShardContext, shards: list[dict]) -> list[ShardCheck]:
+    """Each shard's check, one whole shard at a time, in this process."""
+    tasks = check_tasks(context, shards, 1)
+    return join_checks(shards, tasks, (check_part(context, part) for _, part in tasks))
 
 
 def _group_runs(context: ShardContext, shard: dict, runs: int) -> list[tuple[int, int] | None]:
@@ -333,10 +342,10 @@ def _check_rows(table, name, context: ShardContext, check: ShardCheck, sources: 
     if len(bad):
         fail("position_ids", _first_row(tok_off, bad), f"position_ids do not restart at 0 at each sequence (token {int(bad[0] - tok_off[_first_row(tok_off, bad)])})")
     firsts = seq_start[seq_lens > 0]
-    bad = firsts[labels[firsts] != -100]
+    bad = firsts[labels[firsts] != IGNORE_INDEX]
     if len(bad):
         fail("first_label", _first_row(tok_off, bad), "first label of a packed sequence is not -100")
-    bad = np.flatnonzero((labels != -100) & (labels != ids))
+    bad = np.flatnonzero((labels != IGNORE_INDEX) & (labels != ids))
     if len(bad):
         fail("labels", _first_row(tok_off, bad), "a label is neither -100 nor its input id")
     if not context.may_exceed and (row_len > context.max_len).any():
@@ -350,7 +359,7 @@ def _check_rows(table, name, context: ShardContext, check: ShardCheck, sources: 
     check.rows += table.num_rows
     check.sequences += len(seq_lens)
     check.tokens += len(ids)
-    check.supervised += int((labels != -100).sum())
+    check.supervised += int((labels != IGNORE_INDEX).sum())
     return True
 
 

@@ -14,22 +14,17 @@ import re
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .engines import LocalEngine, runs_per_item
 from .errors import ConfigError, OutputError
-from .layout import ROW_SCHEMA
+from .layout import IGNORE_INDEX, ROW_SCHEMA
 from .materialize import Segments, TokenStore, materialize
 from .join import join_pieces
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .engines import Engine
-    from .verify import ShardContext
 
 SHARD_FORMATS = ("parquet", "arrow")
 BYTES_PER_TOKEN = 12  # input_ids + labels + position_ids, int32 each
@@ -154,58 +149,26 @@ def shard_name(index: int, count: int, shard_format: str) -> str:
     return f"data/train-{index:05d}-of-{count:05d}.{shard_format}"
 
 
-def write_shards(
-    folder: Path,
-    store: TokenStore,
-    segments: Segments,
-    max_len: int,
-    shard_format: str = "parquet",
-    shard_bytes: int = 500_000_000,
-    progress=None,
-    engine: "Engine | None" = None,
-    check: "ShardContext | None" = None,
-    tokens_done: "Callable[[], None] | None" = None,
-) -> tuple[list[dict], list]:
-    """Write all rows of ``segments`` as shards under ``folder/data``; return their manifest entries
-    and, with ``check``, each shard's check (:func:`packprep.verify.check_shards`), read back from
-    the file.
-
-    Three stages of ``engine``'s workers (default: this process): where the shards are too few to
-    keep every worker busy, each is cut into pieces of whole row groups, written side by side
-    (:func:`write_piece`); each shard's pieces are joined into it (:func:`join_shard`);
-    with ``check``, the shards are read back and checked, a run of row groups a task
-    (:func:`packprep.verify.check_shards`). A joined shard is byte for byte what one writer makes
-    (``packprep.join``), so the bytes depend neither on the engine nor on the number of workers.
-    ``tokens_done`` is called once every piece is written: the token store is not read after that.
-    Memory: each writer holds one row group (``ROW_GROUP_TOKENS`` tokens) and its Parquet buffers,
-    and at most ``WRITERS_MEMORY // WRITER_BYTES`` writers run at once.
-    """
-    engine = engine or LocalEngine()
+def prepare_shards(folder: Path, store: TokenStore, segments: Segments, max_len: int, shard_format: str = "parquet",
+                   shard_bytes: int = 500_000_000) -> tuple["ShardJob", list[tuple[int, int]]]:
+    """The write stage's context and the shards' rows ``(first, stop)``, planned from the rows' lengths,
+    with the pieces' folder made; ``packprep.pipeline.write_shards`` runs the stages on an engine."""
     _arrow_ready()
-    row_lengths = segments.row_lengths()
-    plan = plan_shards(row_lengths, np.diff(segments.offsets), shard_bytes)
-    job = ShardJob(folder, store, segments, max_len, shard_format, len(plan))
+    plan = plan_shards(segments.row_lengths(), np.diff(segments.offsets), shard_bytes)
     (folder / PIECES).mkdir()
-    writers = max(1, min(engine.workers, WRITERS_MEMORY // WRITER_BYTES))
-    pieces = shard_pieces(plan, job.rows_per_group, writers)
-    written = np.zeros((len(plan), 3), np.int64)  # a shard's pieces, tokens, supervised tokens
-    for (index, _, lo, hi), counts in zip(pieces, engine.map(write_piece, job, pieces, workers=writers)):
-        written[index] += (1, *counts)
-        if progress is not None:
-            progress.update(hi - lo, counts[0])
-    if tokens_done is not None:
-        tokens_done()
-    shards = [(index, first, last, *map(int, written[index])) for index, (first, last) in enumerate(plan)]
-    entries = list(engine.map(join_shard, job, shards, workers=writers))
-    checks = [None] * len(entries)
-    if check is not None:  # read back from the joined shards, a few row groups a task
-        from .verify import check_shards
+    return ShardJob(folder, store, segments, max_len, shard_format, len(plan)), plan
 
-        checks = check_shards(check, entries, engine, workers=writers)
+
+def finish_shards(folder: Path, shard_format: str, entries: list[dict]) -> None:
+    """After the joins: the pieces' folder goes, and an Arrow ``data/`` gets its dataset state."""
     (folder / PIECES).rmdir()
     if shard_format == "arrow":
         write_arrow_dataset_state(folder / "data", entries)
-    return entries, checks
+
+
+def writers(workers: int) -> int:
+    """How many of ``workers`` may write at once: each holds a row group and its buffers."""
+    return max(1, min(workers, WRITERS_MEMORY // WRITER_BYTES))
 
 
 def _arrow_ready() -> None:
@@ -214,17 +177,16 @@ def _arrow_ready() -> None:
     writers then share instead of each making a copy of its own."""
     row = {"input_ids": [0, 0], "labels": [0, 0], "position_ids": [0, 1], "seq_lens": [2], "source_index": [0]}
     table = pa.Table.from_pylist([row], schema=ROW_SCHEMA)
-    pc.sum(pc.not_equal(pc.list_flatten(table.column("labels")), -100))
+    pc.sum(pc.not_equal(pc.list_flatten(table.column("labels")), IGNORE_INDEX))
     sink = pa.BufferOutputStream()
     with shard_writer(sink, "parquet") as write:
         write(table)
     pq.read_table(pa.BufferReader(sink.getvalue()))
 
 
-def shard_pieces(plan: list[tuple[int, int]], rows_per_group: int, workers: int) -> list[tuple[int, int, int, int]]:
-    """The write tasks ``(shard, piece, first row, stop row)``: each shard whole where the shards keep
-    ``workers`` busy, else cut into runs of whole row groups (``engines.runs_per_item``)."""
-    per_shard = runs_per_item(len(plan), workers)
+def shard_pieces(plan: list[tuple[int, int]], rows_per_group: int, per_shard: int) -> list[tuple[int, int, int, int]]:
+    """The write tasks ``(shard, piece, first row, stop row)``: each shard whole (``per_shard`` 1),
+    else cut into at most ``per_shard`` runs of whole row groups."""
     pieces = []
     for index, (first, last) in enumerate(plan):
         groups = -(-(last - first) // rows_per_group)
@@ -254,7 +216,7 @@ def write_piece(job: ShardJob, piece: tuple[int, int, int, int]) -> tuple[int, i
         for start in range(lo, hi, job.rows_per_group):  # one row group in memory at a time
             table = materialize(job.store, job.segments.select(start, min(hi, start + job.rows_per_group)))
             labels = pc.list_flatten(table.column("labels"))
-            supervised += pc.sum(pc.not_equal(labels, -100)).as_py() or 0
+            supervised += pc.sum(pc.not_equal(labels, IGNORE_INDEX)).as_py() or 0
             tokens += len(labels)
             write(table)
     return tokens, supervised

@@ -27,3 +27,23 @@ needs_fixtures = pytest.mark.skipif(not FIXTURES.is_dir(), reason="../shared/fix
 
 def fixture_tokenizer(name: str) -> str:
     return str(TOKENIZERS / name)
+
+
+# The tests the fast lane (pytest -m "not slow") leaves out, by module: real tokenizers over whole
+# fixture files, Ray, the trainers and the training stacks, and runs of the CLI in subprocesses.
+# CI runs everything (.ci/run). A test elsewhere may carry @pytest.mark.slow itself.
+SLOW_MODULES = {
+    "test_labels_reference", "test_tiktoken_backend", "test_render", "test_retokenize", "test_real_inputs",
+    "test_tokenizer_folder", "test_ray_cluster", "test_ray_engine", "test_trainers", "test_stack_layouts",
+    "test_torch_packed", "test_robustness",
+}
+SLOW_TESTS = {  # real tokenizers over whole fixture files, in modules that are otherwise fast
+    "test_real_tokenizers_decode_exactly", "test_packs_every_fixture_file_with_real_tokenizers",
+    "test_stats_equals_pack_on_fixture_data_with_llama3",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.module.__name__.rpartition(".")[2] in SLOW_MODULES or item.originalname in SLOW_TESTS:
+            item.add_marker(pytest.mark.slow)

@@ -13,7 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import packprep
-from packprep import write as write_module
+from packprep import pipeline, write as write_module
+from packprep.pipeline import verify_folder
 from packprep.join import JoinError, join_pieces
 from packprep.layout import ROW_SCHEMA
 from packprep.write import shard_writer
@@ -106,7 +107,7 @@ def test_pack_writes_shards_in_pieces_with_one_writers_bytes(tmp_path, monkeypat
     monkeypatch.setattr(write_module, "ROW_GROUP_TOKENS", 1024)  # 2 rows a group at --max-len 512
     planned = []
     shard_pieces = write_module.shard_pieces
-    monkeypatch.setattr(write_module, "shard_pieces", lambda *a: planned.append(shard_pieces(*a)) or planned[-1])
+    monkeypatch.setattr(pipeline, "shard_pieces", lambda *a: planned.append(shard_pieces(*a)) or planned[-1])
     manifests = [packprep.pack(str(EXAMPLE_CHATS), tmp_path / f"out{n}", str(EXAMPLE_TOKENIZER), max_len=512,
                                shard_size="200KB", num_proc=n) for n in (1, 3)]
     shards = len(manifests[0]["shards"])
@@ -122,7 +123,7 @@ def test_pack_writes_shards_in_pieces_with_one_writers_bytes(tmp_path, monkeypat
         assert again.read_bytes() == path.read_bytes()
     assert not (tmp_path / "out3" / ".pieces").exists()
     engine = RecordingEngine()
-    assert packprep.verify(tmp_path / "out3", engine=engine).ok
+    assert verify_folder(tmp_path / "out3", engine=engine).ok
     for shard, count in zip(manifests[1]["shards"], groups):
         runs = [run for _, path, run in engine.tasks if path == shard["path"]]
         assert len(runs) == min(count, -(-2 * 4 // shards))  # engines.runs_per_item for verify's 2 workers

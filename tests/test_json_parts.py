@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import packprep
-from packprep import read
+from packprep import pipeline, read
 from packprep.engines import LocalEngine
 from packprep.errors import InputError
 from packprep.read import Source, plan_parts, read_part, read_records
@@ -251,7 +251,7 @@ def test_the_cuts_are_the_same_for_any_chunks_and_engine_and_so_are_the_shards(t
     monkeypatch.setattr(read, "PART_BYTES", 20_000)
     one_chunk = plan_parts(sources, 3)
     monkeypatch.setattr(read, "JSON_CHUNK_BYTES", 1)  # about a chunk a worker in all
-    assert plan_parts(sources, 3, LocalEngine(3)) == plan_parts(sources, 3) == one_chunk
+    assert pipeline.plan_parts(sources, LocalEngine(3)) == plan_parts(sources, 3) == one_chunk
     assert [p.kind for p in one_chunk].count("json-range") > 10
     settings = {"max_len": 512, "seed": 3, "shard_size": "100KB"}
     packed = {n: packprep.pack([str(p) for p in inputs], tmp_path / f"out{n}", str(EXAMPLE_TOKENIZER), num_proc=n,

@@ -147,7 +147,7 @@ def test_shards_written_by_parallel_writers_are_the_same_bytes(tmp_path, shard_f
 
 
 def test_the_driver_holds_16_bytes_a_sequence_while_shards_are_written(tmp_path, monkeypatch):
-    """What the README's memory formula counts on: int64 token offsets, int32 item and length of
+    """What the memory formula of benchmarks/RESULTS.md counts on: int64 token offsets, int32 item and length of
     each piece, and no input record number a sequence (they follow from the rejected records)."""
     import numpy as np
 

@@ -241,7 +241,7 @@ def test_a_json_arrays_scan_runs_on_the_cluster_and_cuts_where_one_chunk_does(en
     same parts as the whole array scanned as one chunk here."""
     import json
 
-    from packprep import read
+    from packprep import pipeline, read
 
     from .conftest import EXAMPLE_CHATS
 
@@ -252,7 +252,7 @@ def test_a_json_arrays_scan_runs_on_the_cluster_and_cuts_where_one_chunk_does(en
     monkeypatch.setattr(read, "PART_BYTES", 20_000)
     one_chunk = read.plan_parts(sources, NODES)
     monkeypatch.setattr(read, "JSON_CHUNK_BYTES", 1)  # a chunk a node
-    assert read.plan_parts(sources, NODES, engine) == one_chunk
+    assert pipeline.plan_parts(sources, engine) == one_chunk
     assert len(one_chunk) > 10 and {p.kind for p in one_chunk} == {"json-range"}
 
 

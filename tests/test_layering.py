@@ -1,0 +1,123 @@
+"""The modules of packprep import in one direction: no import cycle among them (lazy imports inside
+functions count, ``if TYPE_CHECKING:`` ones do not), and the steps of the pipeline import neither
+``engines``, ``verify`` nor ``pipeline``: ``pipeline.py`` is the one place that runs stages on an
+engine, and each step offers a planner and the functions its workers run."""
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "packprep"
+STEPS = {"read", "normalize", "render", "render_onepass", "tokenize", "tiktoken_backend", "tokenizer_folder",
+         "encode", "plan", "packing", "materialize", "write", "join", "layout", "layouts"}
+NOT_FROM_STEPS = {"engines", "verify", "pipeline"}
+
+
+def _name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def _type_checking(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def _imports(name: str) -> set[str]:
+    """The packprep modules ``name`` imports at run time."""
+    path = MODULES[name]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    stack = [ast.parse(path.read_text())]
+    while stack:
+        node = stack.pop()
+        if _type_checking(node):
+            continue
+        stack.extend(ast.iter_child_nodes(node))
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == "packprep"}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            if base.split(".")[0] != "packprep":
+                continue
+            for alias in node.names:  # `from . import plan` imports the module packprep.plan
+                found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base)
+    return {m for m in found if m in MODULES and m != name}
+
+
+GRAPH = {name: _imports(name) for name in MODULES}
+
+
+def _cycle_from(start: str) -> list[str] | None:
+    """A path of imports from ``start`` back to itself, if there is one."""
+    stack, seen = [(start, [start])], set()
+    while stack:
+        node, path = stack.pop()
+        for nxt in sorted(GRAPH[node]):
+            if nxt == start:
+                return path + [start]
+            if nxt not in seen:
+                seen.add(nxt)
+                stack.append((nxt, path + [nxt]))
+    return None
+
+
+def _within_a_package(cycle: list[str]) -> bool:
+    """A package's ``__init__`` and its own submodules: Python imports the package first anyway."""
+    return any(MODULES[p].name == "__init__.py" and all(m == p or m.startswith(p + ".") for m in cycle)
+               for p in cycle)
+
+
+def _top(module: str) -> str:
+    """``packprep.layouts.megatron`` -> ``layouts``."""
+    return (module.split(".") + [""])[1]
+
+
+def test_no_import_cycle():
+    cycles = {" -> ".join(c) for c in map(_cycle_from, sorted(GRAPH)) if c and not _within_a_package(c)}
+    assert not cycles, sorted(cycles)
+
+
+def test_steps_import_no_engine_verify_or_pipeline():
+    bad = {name: sorted(m for m in deps if _top(m) in NOT_FROM_STEPS) for name, deps in GRAPH.items() if _top(name) in STEPS}
+    bad = {name: deps for name, deps in bad.items() if deps}
+    assert not bad, bad
+
+
+def test_verify_builds_no_engine():
+    assert not {m for m in GRAPH["packprep.verify"] if m.startswith("packprep.engines")}
+
+
+ONE_HOME = {"IGNORE_INDEX": "packprep.layout", "FATES": "packprep.fates", "PACKED": "packprep.fates",
+            "TRUNCATED": "packprep.fates", "SPLIT": "packprep.fates", "REJECTED": "packprep.fates",
+            "DROPPED": "packprep.fates", "EMPTIED": "packprep.fates"}
+
+
+def test_the_label_mask_and_the_record_fates_are_defined_once():
+    """IGNORE_INDEX and the record fates are assigned in one module each, and no other module writes
+    the number -100 in code (in words, in messages and docstrings, it may stay)."""
+    import io
+    import tokenize
+
+    homes, literals = {}, []
+    for name, path in MODULES.items():
+        source = path.read_text()
+        for node in ast.parse(source).body:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+            for target in targets:
+                for leaf in ast.walk(target):
+                    if isinstance(leaf, ast.Name) and leaf.id in ONE_HOME:
+                        homes.setdefault(leaf.id, []).append(name)
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+        literals += [f"{name}:{b.start[0]}" for a, b in zip(tokens, tokens[1:])
+                     if a.string == "-" and b.type == tokenize.NUMBER and b.string == "100"]
+    assert homes == {name: [home] for name, home in ONE_HOME.items()}
+    assert literals == [f"packprep.layout:{_line_of('packprep.layout', 'IGNORE_INDEX = -100')}"]
+
+
+def _line_of(module: str, text: str) -> int:
+    return next(n for n, line in enumerate(MODULES[module].read_text().splitlines(), 1) if line.startswith(text))
