@@ -37,6 +37,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from ..cost import model_cost
 from ..encode import Encoding, Ledger
 from ..engines import make_engine
 from ..errors import ConfigError
@@ -71,6 +72,8 @@ def stats(
     *,
     num_proc: int | None = None,
     progress: bool = False,
+    dp_size: int | None = None,
+    rows_per_step: int = 1,
     **settings,
 ) -> dict:
     """Length statistics and the what-if table for ``inputs``, tokenized as ``pack`` would.
@@ -81,6 +84,8 @@ def stats(
     :data:`DEFAULT_MAX_LENS` and :data:`DEFAULT_STRATEGIES`. Nothing is written. Returns a
     JSON-ready dict (``kind: "inputs"``) that :func:`render_text` and :func:`plot` draw; for a
     single packed output folder (holding ``packprep.json``), :func:`stats_folder`'s report.
+    ``dp_size`` (with ``rows_per_step`` and the ``model_config`` setting) adds the predicted step
+    efficiency over that many data-parallel ranks, shuffled and balanced (:func:`what_if`).
     """
     from ..pipeline import PackConfig
     from ..read import resolve_inputs
@@ -97,6 +102,8 @@ def stats(
         max_lens, strategies, global_batch_size, epochs,
         settings.get("overlong", "truncate"), settings.get("samples_per_row"),
     )
+    if dp_size is not None and (dp_size < 1 or rows_per_step < 1):
+        raise ConfigError("--dp-size and --rows-per-step must be at least 1")
     config = PackConfig.from_settings({**settings, "max_len": max(max_lens)}, "stats")
     sources = resolve_inputs([str(path) for path in paths])
     encoding = Encoding.open(sources, tokenizer, config, min(max_lens))
@@ -109,6 +116,7 @@ def stats(
         supervised_within=collected.within, split_masked=collected.masked, overlong=config.overlong, seed=config.seed,
         samples_per_row=config.samples_per_row, partition_size=config.partition_size,
         global_batch_size=global_batch_size, epochs=epochs,
+        dp_size=dp_size, rows_per_step=rows_per_step, cost=model_cost(config.model_config),
     )
     rejected = sum(tally.reasons.values())
     return {
@@ -136,6 +144,8 @@ def stats(
             "epochs": int(epochs),
             "overlong": config.overlong,
             "seed": config.seed,
+            **({"dp_size": int(dp_size), "rows_per_step": int(rows_per_step),
+                "cost_model": model_cost(config.model_config).as_dict()} if dp_size else {}),
             "rows": table,
         },
     }
