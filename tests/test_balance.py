@@ -188,3 +188,26 @@ def test_check_order_warns_on_a_sampler_that_undoes_the_order(tmp_path):
         check_order(DataLoader(data, batch_size=1, sampler=DistributedSampler(data, 4, 0, shuffle=False)),
                     tmp_path / "out")
     assert check_order(in_order, tmp_path / "out") == []
+
+
+def test_check_order_reads_a_trainers_sampling(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    datasets = pytest.importorskip("datasets")
+    from packprep.torch import BalanceOrderWarning, check_order
+
+    packprep.pack(str(EXAMPLE_CHATS), str(tmp_path / "out"), str(EXAMPLE_TOKENIZER), num_proc=1, max_len=512,
+                  balance_dp=1)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=512, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2))
+
+    def trainer(**args):
+        return transformers.Trainer(
+            model=model, train_dataset=datasets.load_dataset(str(tmp_path / "out"), split="train"),
+            args=transformers.TrainingArguments(output_dir=str(tmp_path / "t"), report_to=[], **args))
+
+    with pytest.warns(BalanceOrderWarning, match="train_sampling_strategy='random'"):
+        assert len(check_order(trainer(per_device_train_batch_size=1), tmp_path / "out")) == 1
+    with pytest.warns(BalanceOrderWarning, match="per_device_train_batch_size is 2"):
+        check_order(trainer(per_device_train_batch_size=2, train_sampling_strategy="sequential"), tmp_path / "out")
+    in_order = trainer(per_device_train_batch_size=1, train_sampling_strategy="sequential")
+    assert check_order(in_order, tmp_path / "out") == []
