@@ -86,6 +86,23 @@ def test_a_tuple_is_repacked_by_moving_sequences():
     assert out.bin_lengths(lengths).tolist() == [6, 10]
 
 
+def test_pieces_of_split_samples_keep_their_place_in_the_sample():
+    """Under --overlong split the rows hold pieces (sample, start, length): balancing moves pieces, the
+    set of (sample, start, length) stays that of greedy."""
+    from packprep.plan import plan_bins
+
+    lengths = long_tailed(3000, 40000)
+    greedy = plan_bins(lengths, 8192, "greedy", overlong="split")
+    out = balance_bins(greedy, lengths, 8192, 4, cost=COST, seed=0)
+
+    def pieces(bins):
+        return sorted(zip(bins.items.tolist(), bins.starts.tolist(), bins.lengths.tolist()))
+
+    assert greedy.starts is not None and pieces(out) == pieces(greedy)
+    assert out.bin_lengths(lengths).max() <= 8192
+    assert step_efficiency(COST.row_costs(out.lengths, out.offsets), 4) >= 0.99
+
+
 def test_leftover_rows_end_the_order():
     """Rows that fill no whole tuple come last; every row is still there once."""
     lengths = long_tailed(500, 4096)
@@ -119,6 +136,9 @@ def test_pack_records_balance_in_the_manifest(tmp_path):
     assert balance["step_efficiency"] >= 0.97 and balance["cost_model"]["source"] == "default"
     assert manifest["rows"] == plain["rows"] and manifest["tokens"] == plain["tokens"]
     assert "balance" not in plain and manifest["config"]["balance_dp"] == 2
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "## Balanced for 2 data-parallel ranks" in card and "DistributedSampler(shuffle=False)" in card
+    assert "Balanced for" not in (tmp_path / "plain" / "README.md").read_text()
     from packprep.torch import PackedDataset
 
     def sequences(folder):
