@@ -2,16 +2,24 @@
 """Four GPUs: tokens/s of rows balanced by compute (``pack --balance-dp``) against greedy rows dealt by
 a shuffling DistributedSampler, DDP synchronising every micro-batch (issue 26, docs/balanced-packing.md).
 
-Run from the repo root on a machine with 4 GPUs (torch with CUDA and transformers; nothing to install,
-packprep is read from this tree; numba is used if present, else a Python first-fit-decreasing):
+Run from the repo root on a machine with 4 GPUs (torch with CUDA and transformers; nothing to install:
+packprep is read from this tree without pyarrow, click or numba, which is used if present, else the
+same first-fit-decreasing in Python):
 
-    OUT=${OUT:-./out} torchrun --standalone --nproc-per-node 4 benchmarks/gpu_balance.py
+    python3 -m torch.distributed.run --standalone --nproc-per-node 4 benchmarks/gpu_balance.py
+
+(``$OUT``, default ./out, receives the report.) The fixture conversations' tokens come from
+``benchmarks/fixtures_llama3.npz`` (git-ignored; carry it to the machine), made where the fixtures are:
+
+    python benchmarks/bench_train.py --dump-fixtures benchmarks/fixtures_llama3.npz --max-len 1048576
+
+Without it (and without ../shared/fixtures) the run uses synthetic sequences only and says so.
 
 CPU dry run (gloo, a tiny model; what the tests of this script run):
 
     torchrun --standalone --nproc-per-node 2 benchmarks/gpu_balance.py --tiny --max-len 512
 
-What it does, each phase timed against ``--budget-s`` (420 s by default, under 8 minutes with start-up):
+What it does, each phase timed against ``--budget-s`` (400 s by default, under 8 minutes with start-up):
 1. Model: a Llama-3.2-1B-shaped LlamaForCausalLM, random weights (seed 0), bf16, vocabulary 32000
    (fixture token ids are taken modulo 32000). Attention: packprep.torch's varlen attention
    (``torch.nn.attention.varlen``, CUDA), else flash_attention_2 if installed, else transformers' sdpa
@@ -109,7 +117,10 @@ def choose_attention(model, wanted: str) -> str:
         if name == "packprep_varlen" and register_varlen_attention() is None:
             continue
         try:
-            model.set_attn_implementation(name)
+            if hasattr(model, "set_attn_implementation"):
+                model.set_attn_implementation(name)
+            else:  # older transformers: the layers read the config
+                model.config._attn_implementation = name
             check_isolation(model, via_collator=True, lengths=(40, 23))
             return name
         except Exception as exc:  # not installed, not supported here, or leaking: the next one
@@ -146,6 +157,16 @@ def set_checkpointing(model, on: bool) -> None:
         model.gradient_checkpointing_disable()
 
 
+def _room_left(model) -> bool:
+    """Whether the peak of a forward+backward leaves room for what training adds: AdamW's two states
+    and DDP's gradient buckets (three more copies of the weights), and 4 GiB to spare."""
+    if not CUDA:
+        return True
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    return torch.cuda.max_memory_allocated() + 3 * weights + (4 << 30) <= total
+
+
 def fit_memory(model, max_lens, checkpointing: str) -> tuple[int, bool]:
     """(max_len, gradient checkpointing): the first setting in which a row of one max_len sequence
     runs forward and backward on every rank."""
@@ -155,15 +176,18 @@ def fit_memory(model, max_lens, checkpointing: str) -> tuple[int, bool]:
             set_checkpointing(model, ckpt)
             ok = torch.ones(1, device=device())
             try:
+                if CUDA:
+                    torch.cuda.reset_peak_memory_stats()
                 forward_backward(model, random_row([max_len]))
                 sync()
+                ok.fill_(float(_room_left(model)))
             except torch.OutOfMemoryError:
                 ok.zero_()
             model.zero_grad(set_to_none=True)
             if CUDA:
                 torch.cuda.empty_cache()
             dist.all_reduce(ok, op=dist.ReduceOp.MIN)
-            log(f"max_len {max_len}, gradient checkpointing {ckpt}: {'fits' if ok.item() else 'out of memory'}")
+            log(f"max_len {max_len}, gradient checkpointing {ckpt}: {'fits' if ok.item() else 'out of memory, or too little room left to train'}")
             if ok.item():
                 return max_len, ckpt
     raise SystemExit("not even --fallback-max-len fits in memory")
@@ -473,7 +497,7 @@ def parse(argv=None):
     parser.add_argument("--max-len", type=int, default=32768)
     parser.add_argument("--fallback-max-len", type=int, default=16384)
     parser.add_argument("--steps", type=int, default=80, help="steps of each plan at most (one epoch)")
-    parser.add_argument("--budget-s", type=float, default=420.0, help="the whole run, start-up excluded")
+    parser.add_argument("--budget-s", type=float, default=400.0, help="the whole run, start-up excluded")
     parser.add_argument("--attention", default="auto",
                         help="auto | packprep_varlen | flash_attention_2 | sdpa | eager")
     parser.add_argument("--checkpointing", default="auto", choices=("auto", "on", "off"))
@@ -503,7 +527,7 @@ def main(argv=None) -> None:
     args.plan_budget_s = max(10.0, (args.budget_s - spent - 40) / 2)
     plans = plan(args, fixtures, max_len, cost, world)
     loss_check = check_losses(model, plans, world)
-    initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    initial = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
     ddp = torch.nn.parallel.DistributedDataParallel(model, broadcast_buffers=False,
                                                     device_ids=[torch.cuda.current_device()] if CUDA else None)
     left = args.budget_s - (time.time() - started) - 10
