@@ -153,6 +153,11 @@ def test_pack_records_balance_in_the_manifest(tmp_path):
     assert len(sequences(tmp_path / "out")) == manifest["sequences"]
     assert sequences(tmp_path / "out") == sequences(tmp_path / "plain")
     assert CliRunner().invoke(main, ["verify", str(tmp_path / "out")]).exit_code == 0
+    folder = json.loads(CliRunner().invoke(main, ["stats", str(tmp_path / "out"), "--dp-size", "2", "--json"]).stdout)
+    assert folder["steps"] == balance  # the folder's rows, read back, give what pack predicted
+    plain_steps = json.loads(CliRunner().invoke(main, ["stats", str(tmp_path / "plain"), "--dp-size", "2",
+                                                       "--json"]).stdout)["steps"]
+    assert plain_steps["step_efficiency"] < balance["step_efficiency"]
 
 
 def test_cli_refuses_what_cannot_be_balanced(tmp_path):

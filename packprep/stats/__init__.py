@@ -92,7 +92,8 @@ def stats(
 
     paths = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
     if len(paths) == 1 and is_packed_folder(paths[0]):
-        return stats_folder(paths[0], global_batch_size=global_batch_size, epochs=epochs)
+        return stats_folder(paths[0], global_batch_size=global_batch_size, epochs=epochs, dp_size=dp_size,
+                            rows_per_step=rows_per_step, model_config=settings.get("model_config"))
     if not tokenizer:
         raise ConfigError("--tokenizer is required for input files (only a packed folder, holding "
                           "packprep.json, needs none)")
@@ -155,10 +156,13 @@ def is_packed_folder(path: str | os.PathLike) -> bool:
     return Path(path).is_dir() and (Path(path) / "packprep.json").is_file()
 
 
-def stats_folder(folder: str | os.PathLike, global_batch_size: int = 64, epochs: int = 1) -> dict:
+def stats_folder(folder: str | os.PathLike, global_batch_size: int = 64, epochs: int = 1, *,
+                 dp_size: int | None = None, rows_per_step: int = 1, model_config: str | None = None) -> dict:
     """Rows, sequences per row, efficiency and fill of a packed output folder (``kind: "packed"``).
 
     Read from ``packprep.json`` and the shards' ``seq_lens`` column (token columns are not read).
+    ``dp_size`` adds ``steps``: the predicted step efficiency of the rows read in order and shuffled
+    (:func:`packprep.balance.balance_summary`), in the order the folder was balanced for, if it was.
     """
     from ..verify import read_manifest
 
@@ -196,4 +200,17 @@ def stats_folder(folder: str | os.PathLike, global_batch_size: int = 64, epochs:
         },
         "histogram": {"of": "sequence tokens", "bins": log_histogram(seq_lengths)},
         "fill_histogram": fill_bins,
+        **({"steps": _folder_steps(manifest, seq_lengths, per_row, dp_size, rows_per_step, model_config)}
+           if dp_size else {}),
     }
+
+
+def _folder_steps(manifest, seq_lengths, per_row, dp_size, rows_per_step, model_config) -> dict:
+    from ..balance import balance_summary
+
+    if dp_size < 1 or rows_per_step < 1:
+        raise ConfigError("--dp-size and --rows-per-step must be at least 1")
+    offsets = np.concatenate([[0], np.cumsum(per_row)]).astype(np.int64)
+    sampler = (manifest.get("balance") or {}).get("sampler", "distributed")
+    cost = model_cost(model_config or manifest["config"].get("model_config"))
+    return balance_summary(seq_lengths, offsets, dp_size, rows_per_step, sampler, cost, manifest["config"]["seed"])

@@ -216,6 +216,12 @@ def _render_folder(report: dict) -> str:
     lines.append("")
     lines.append("tokens per packed sequence (log-scaled bins):")
     lines += _histogram_lines(report["histogram"]["bins"], report["sequences"])
+    if report.get("steps"):
+        steps = report["steps"]
+        lines += [""] + _wrap(
+            f"step efficiency over {steps['dp_size']} ranks, {steps['rows_per_step']} row(s) a rank a step "
+            f"({steps['sampler']} order): {steps['step_efficiency']:.3f} read in order, "
+            f"{steps['step_efficiency_shuffled']:.3f} shuffled; attention {steps['attention_share']:.1%} of the cost")
     return "\n".join(lines) + "\n"
 
 

@@ -24,8 +24,11 @@ class BalanceOrderWarning(UserWarning):
 def check_order(pipeline, data: str | os.PathLike) -> list[str]:
     """The ways ``pipeline`` (a DataLoader, a sampler or a transformers/TRL Trainer) would undo the
     order of the balanced rows in the packprep folder ``data``; each is also warned as a
-    :class:`BalanceOrderWarning`. Empty where ``data`` was not packed with ``--balance-dp``."""
-    path = os.path.join(os.fspath(data), "packprep.json")
+    :class:`BalanceOrderWarning`. Empty where ``data`` was not packed with ``--balance-dp`` (or is not
+    a folder holding ``packprep.json``)."""
+    path = os.path.join(os.fspath(data), "packprep.json") if isinstance(data, (str, os.PathLike)) else ""
+    if not os.path.isfile(path):  # shard files, or a folder of shards: no manifest says how they were packed
+        return []
     with open(path, encoding="utf-8") as handle:
         balance = json.load(handle).get("balance")
     if not balance:
