@@ -12,7 +12,7 @@ from typing import Iterable, Mapping
 import numpy as np
 
 from ..balance import balance_bins, balance_summary, can_balance
-from ..cost import CostModel
+from ..cost import CostModel, model_cost
 from ..errors import ConfigError
 from ..packing import STRATEGY_TABLE, Bins, order_bins, split_pieces
 from ..plan import TRUNCATED, check_overlong, check_strategy, overlong_fates, plan_bins
@@ -83,7 +83,8 @@ def what_if(
     where ``random`` cuts samples, or under split without ``split_masked``: a piece's first label
     becomes -100, so the true count is lower by at most one per piece),
     ``optimizer_steps``, ``attention_cost`` (sum of len² over packed sequences) and
-    ``attention_vs_pad``. With ``dp_size`` (and ``cost``, a :class:`packprep.cost.CostModel`), also
+    ``attention_vs_pad``. With ``dp_size`` (and ``cost``, a :class:`packprep.cost.CostModel`, by default
+    :func:`packprep.cost.model_cost`'s), also
     ``step_efficiency`` (rows dealt to the ranks in shuffled order, ``rows_per_step`` each),
     ``step_efficiency_balanced`` (as ``pack --balance-dp``; None for a strategy it does not apply to)
     and ``attention_share`` (the cost model's share of attention in these rows).
@@ -98,6 +99,7 @@ def what_if(
         raise ValueError("supervised must have one value per length")
     max_lens, strategies = check_plan(max_lens, strategies, global_batch_size, epochs, overlong, samples_per_row)
     global_batch_size, epochs = int(global_batch_size), int(epochs)
+    cost = cost or model_cost()
     table = []
     for max_len in max_lens:
         over = lengths > max_len
