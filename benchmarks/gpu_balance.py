@@ -181,7 +181,9 @@ def fit_memory(model, max_lens, checkpointing: str) -> tuple[int, bool]:
                 forward_backward(model, random_row([max_len]))
                 sync()
                 ok.fill_(float(_room_left(model)))
-            except torch.OutOfMemoryError:
+            except (torch.OutOfMemoryError, RuntimeError) as exc:  # cuBLAS reports some as RuntimeError
+                if "out of memory" not in str(exc).lower():
+                    raise
                 ok.zero_()
             model.zero_grad(set_to_none=True)
             if CUDA:
@@ -451,13 +453,15 @@ def summarize(per_rank: list) -> dict:
     wall = np.array([max(r[k]["seconds"] for r in per_rank) for k in timed])
     tokens = np.array([sum(r[k]["tokens"] for r in per_rank) for k in timed])
     forward = np.array([[r[k]["forward"] for r in per_rank] for k in timed])
+    if not timed:  # the budget ran out during the warm-up steps
+        wall, tokens, forward = np.full(1, np.nan), np.zeros(1), np.full((1, 1), np.nan)
     return {
         "steps": steps, "timed_steps": len(timed), "tokens": int(tokens.sum()), "seconds": float(wall.sum()),
-        "tokens_per_s": float(tokens.sum() / wall.sum()) if len(timed) else 0.0,
+        "tokens_per_s": float(tokens.sum() / wall.sum()),
         "step_s": {"mean": float(wall.mean()), "p10": float(np.percentile(wall, 10)),
                    "p50": float(np.median(wall)), "p90": float(np.percentile(wall, 90)),
-                   "max": float(wall.max()), "cv": float(wall.std() / wall.mean())} if len(timed) else {},
-        "forward_rank_balance": float(np.mean(forward.mean(axis=1) / forward.max(axis=1))) if len(timed) else 0.0,
+                   "max": float(wall.max()), "cv": float(wall.std() / wall.mean())},
+        "forward_rank_balance": float(np.mean(forward.mean(axis=1) / forward.max(axis=1))),
     }
 
 
