@@ -83,7 +83,9 @@ def table(results: list[dict]) -> str:
              "| greedy, shuffled (flops model) | attention share | balance time |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
-        rows = f"{r['rows_greedy']:,}" + ("" if r["rows_balanced"] == r["rows_greedy"] else f" / {r['rows_balanced']:,}")
+        rows = f"{r['rows_greedy']:,}"
+        if r["rows_balanced"] != r["rows_greedy"]:
+            rows += f" / {r['rows_balanced']:,}"
         lines.append(f"| {r['max_len']:,} | {r['ranks']} | {rows} | {r['greedy_shuffled']:.3f} | {r['balanced']:.3f} | "
                      f"{r['balanced_fit']:.3f} | {r['greedy_shuffled_flops']:.3f} | {r['attention_share']:.0%} | "
                      f"{r['balance_seconds']:.2f} s |")

@@ -189,7 +189,8 @@ def fit_memory(model, max_lens, checkpointing: str) -> tuple[int, bool]:
             if CUDA:
                 torch.cuda.empty_cache()
             dist.all_reduce(ok, op=dist.ReduceOp.MIN)
-            log(f"max_len {max_len}, gradient checkpointing {ckpt}: {'fits' if ok.item() else 'out of memory, or too little room left to train'}")
+            verdict = "fits" if ok.item() else "out of memory, or too little room left to train"
+            log(f"max_len {max_len}, gradient checkpointing {ckpt}: {verdict}")
             if ok.item():
                 return max_len, ckpt
     raise SystemExit("not even --fallback-max-len fits in memory")
@@ -481,8 +482,9 @@ def markdown(report: dict) -> str:
     for name, run, key in (("greedy rows, shuffled DistributedSampler", a, "greedy_shuffled"),
                            ("balanced rows (--balance-dp), in order", b, "balanced")):
         t = run["step_s"]
+        spread = " / ".join(f"{t[k]:.3f}" for k in ("p10", "p50", "p90", "max"))
         lines.append(f"| {name} | {run['timed_steps']} | {run['tokens']:,} | {run['seconds']:.1f} | "
-                     f"{run['tokens_per_s']:,.0f} | {t['p10']:.3f} / {t['p50']:.3f} / {t['p90']:.3f} / {t['max']:.3f} | "
+                     f"{run['tokens_per_s']:,.0f} | {spread} | "
                      f"{t['cv']:.3f} | {run['forward_rank_balance']:.3f} | {report['predicted'][key]:.3f} |")
     check = report["loss_check"]
     lines += ["", f"Balanced / greedy tokens/s: **{report['ratio']:.3f}x**. Same sequences in both plans: "

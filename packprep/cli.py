@@ -101,7 +101,8 @@ def _balance_options(command):
     command = click.option("--balance-sampler", default=DEFAULT.balance_sampler, show_default=True,
                            type=click.Choice(SAMPLERS), help="With --balance-dp: the order the trainer deals rows "
                            "in: distributed (row i to rank i % N: DistributedSampler(shuffle=False), torchtune); "
-                           "accelerate (batch b to rank b % N: Trainer/TRL, train_sampling_strategy='sequential').")(command)
+                           "accelerate (batch b to rank b % N: Trainer/TRL, "
+                           "train_sampling_strategy='sequential').")(command)
     command = click.option("--rows-per-step", default=DEFAULT.rows_per_step, show_default=True, type=int,
                            help="With --balance-dp: rows each rank takes per step (its per-device batch).")(command)
     return click.option("--balance-dp", default=None, type=int, metavar="N",

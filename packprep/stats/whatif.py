@@ -176,7 +176,8 @@ def _steps(bins, lens, entry, max_len, strategy, dp_size, rows_per_step, cost, s
             "attention_share": plain["attention_share"]}
 
 
-def _plan(lens, max_len, strategy, seed, samples_per_row, partition_size, split) -> tuple[Bins | None, np.ndarray, np.ndarray]:
+def _plan(lens, max_len, strategy, seed, samples_per_row, partition_size,
+          split) -> tuple[Bins | None, np.ndarray, np.ndarray]:
     """(the bins, length of every packed sequence or piece, length of every row), exactly as ``pack`` packs ``lens``."""
     if len(lens) == 0:
         return None, np.zeros(0, np.int64), np.zeros(0, np.int64)
