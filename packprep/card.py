@@ -100,6 +100,26 @@ Tokens per packed sequence (one conversation, or one piece of a split one):
 """
 
 
+def _balance_section(manifest: dict) -> str:
+    """How to read rows packed with --balance-dp (docs/balanced-packing.md); empty for other folders."""
+    balance = manifest.get("balance")
+    if not balance:
+        return ""
+    n, r = balance["dp_size"], balance["rows_per_step"]
+    deal = ("row `i` goes to rank `i % N`: `DistributedSampler(shuffle=False)`, torchtune's `shuffle: False`"
+            if balance["sampler"] == "distributed" else
+            "batch `b` of R rows goes to rank `b % N`: accelerate, `Trainer`/`SFTTrainer` with "
+            "`train_sampling_strategy=\"sequential\"`")
+    return f"""## Balanced for {n} data-parallel ranks
+
+Rows are re-packed and ordered so that every step of {n} ranks x {r} row(s) gives the ranks equal compute
+(predicted step efficiency {balance['step_efficiency']:.3f}; {balance['step_efficiency_shuffled']:.3f} if a
+sampler shuffles them). Read them **in order**, {r} row(s) a rank a step, on {n} ranks: {deal}.
+`packprep.torch.check_order(loader_or_trainer, DIR)` warns when a sampler would undo the order.
+
+"""
+
+
 def _local_name(name_or_path: str) -> str:
     """A Hub id as is; a local path by its last part only (the card is published, the packer's disk is not)."""
     text = str(name_or_path).replace("\\", "/").rstrip("/")
@@ -204,7 +224,7 @@ Normalizing, {changes_text(counts.get('normalized') or {}, counts.get('turns_not
 {_inputs_text(manifest)}
 
 {_histograms_section(manifest)}
-## Columns
+{_balance_section(manifest)}## Columns
 
 Each row is one training row. `input_ids`, `labels` and `position_ids` have the row's length; no
 padding is stored. `labels` are unshifted (the model shifts them): equal to `input_ids` where the

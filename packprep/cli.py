@@ -23,6 +23,7 @@ from .packing import ROW_ORDERS, STRATEGIES, STRATEGY_TABLE
 from .inspect import inspect_row
 from .engines import ENGINES
 from .pipeline import ON_ERROR, PackConfig, pack as pack_, verify_folder
+from .balance import SAMPLERS
 from .stats import DEFAULT_MAX_LENS, DEFAULT_STRATEGIES, stats as stats_
 from .verify import verify as verify_
 from .plan import OVERLONG
@@ -88,6 +89,37 @@ def _record_options(command):
                         help="Record format; detected per record when omitted.")(command)
 
 
+# balanced rows for data-parallel training (docs/balanced-packing.md): pack and stats options
+_MODEL_CONFIG = click.option("--model-config", default=None, type=click.Path(exists=True),
+                             help="The model's config.json (or its folder): the cost model's coefficients "
+                             "[default: a Llama-3.2-1B shape].")
+
+
+def _balance_options(command):
+    """--balance-dp, --rows-per-step, --balance-sampler, --model-config: rows balanced across ranks."""
+    command = _MODEL_CONFIG(command)
+    command = click.option("--balance-sampler", default=DEFAULT.balance_sampler, show_default=True,
+                           type=click.Choice(SAMPLERS), help="With --balance-dp: the order the trainer deals rows "
+                           "in: distributed (row i to rank i % N: DistributedSampler(shuffle=False), torchtune); "
+                           "accelerate (batch b to rank b % N: Trainer/TRL, "
+                           "train_sampling_strategy='sequential').")(command)
+    command = click.option("--rows-per-step", default=DEFAULT.rows_per_step, show_default=True, type=int,
+                           help="With --balance-dp: rows each rank takes per step (its per-device batch).")(command)
+    return click.option("--balance-dp", default=None, type=int, metavar="N",
+                        help="Re-pack and order rows so that every step's N data-parallel ranks carry equal "
+                        "compute (steps in seeded random order; the trainer must not shuffle).")(command)
+
+
+def _dp_options(command):
+    """stats --dp-size, --rows-per-step, --model-config: the predicted step efficiency."""
+    command = _MODEL_CONFIG(command)
+    command = click.option("--rows-per-step", "stats_rows_per_step", default=1, show_default=True, type=int,
+                           help="With --dp-size: rows each rank takes per step.")(command)
+    return click.option("--dp-size", default=None, type=int, metavar="N",
+                        help="Also predict the step efficiency over N data-parallel ranks (mean rank cost / "
+                        "slowest), rows shuffled vs balanced (pack --balance-dp).")(command)
+
+
 @click.group(cls=_Group, epilog=EXIT_CODES_HELP)
 @click.version_option(__version__, prog_name="packprep")
 def main():
@@ -125,6 +157,7 @@ def main():
               help="skip: list bad records in rejects.jsonl and go on; fail: stop at the first.")
 @click.option("--partition-size", default=DEFAULT.partition_size, type=int,
               help="Pack each run of N sequences on its own, with any engine [default: all at once].")
+@_balance_options
 @_NUM_PROC
 @click.option("--tokenizer-backend", default=DEFAULT.tokenizer_backend, show_default=True, type=click.Choice(BACKENDS),
               help="tiktoken: exact fast path for byte-level BPE (Llama-3, Qwen2, GPT-2) and SentencePiece BPE "
@@ -151,6 +184,7 @@ def pack(inputs, tokenizer, output, format_, num_proc, engine, ray_address, push
       packprep pack data/ -t ./tok --strategy random --seed 1 --overlong split -o packed/ --overwrite
       packprep pack chats.jsonl -t ./llama3 --layout trl -o packed-trl/
       packprep pack 'dump/*.json' -t ./llama3 --leading-assistant reject --consecutive keep -o packed/
+      packprep pack chats.jsonl -t ./llama3 --max-len 32768 --balance-dp 8 --model-config cfg.json -o packed/
     """
     if push_to:  # a bad token or no network fails before the packing work, not after
         from .push import check_credentials
@@ -297,13 +331,14 @@ def push(folder, repo_id, private, revision, token, commit_message):
 @_SAMPLES_PER_ROW
 @click.option("--partition-size", default=DEFAULT.partition_size, type=int,
               help="Plan as pack --partition-size: each run of this many samples packed on its own.")
+@_dp_options
 @_NUM_PROC
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
               help="Also draw the histograms and what-if curves into this PNG (needs packprep[plot]).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def stats(inputs, tokenizer, max_lens, strategies, global_batch_size, epochs, format_, num_proc, as_json,
-          plot_path, quiet, **settings):
+          plot_path, quiet, dp_size, stats_rows_per_step, **settings):
     """Length statistics and a what-if packing plan, before packing.
 
     \b
@@ -322,6 +357,7 @@ def stats(inputs, tokenizer, max_lens, strategies, global_batch_size, epochs, fo
       packprep stats chats.jsonl -t ./llama3 --max-len 2048 --max-len 8192 --global-batch-size 128
       packprep stats a.json b.parquet -t Qwen/Qwen2.5-7B-Instruct --json > plan.json
       packprep stats chats.jsonl -t ./llama3 --plot lengths.png
+      packprep stats chats.jsonl -t ./llama3 --max-len 32768 --dp-size 8
       packprep stats packed/
     """
     from .stats import plot, render_text, require_matplotlib
@@ -329,7 +365,8 @@ def stats(inputs, tokenizer, max_lens, strategies, global_batch_size, epochs, fo
     if plot_path:
         require_matplotlib()
     report = stats_(list(inputs), tokenizer, max_lens or None, strategies or None, global_batch_size, epochs,
-                    num_proc=num_proc, progress=not quiet, format=format_, **settings)
+                    num_proc=num_proc, progress=not quiet, format=format_, dp_size=dp_size,
+                    rows_per_step=stats_rows_per_step, **settings)
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:

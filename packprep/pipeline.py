@@ -16,7 +16,9 @@ from functools import partial
 import numpy as np
 
 from . import __version__
+from .balance import SAMPLERS, balance_bins, balance_summary, can_balance
 from .card import length_histograms, render_card
+from .cost import model_cost
 from .encode import FATES, PACKED, REJECTED, SPLIT, Encoding, Ledger
 from .engines import Engine, LocalEngine, make_engine, runs_per_item
 from .errors import ConfigError, InputError
@@ -57,6 +59,10 @@ class PackConfig:
     leading_assistant: str = "drop"  # turns before the first user turn: drop | reject (normalize.py)
     consecutive: str = "merge"  # two user or two assistant turns in a row: merge | keep | reject
     system: str = "auto"  # auto: fold into the first user turn where the template renders no system message
+    balance_dp: int | None = None  # data-parallel ranks to balance each step's rows for (balance.py); None: off
+    rows_per_step: int = 1  # with balance_dp: rows each rank takes a step (its per-device batch)
+    balance_sampler: str = "distributed"  # with balance_dp: the sampler order targeted (balance.SAMPLERS)
+    model_config: str | None = None  # with balance_dp: the model's config.json for the cost model (cost.py)
 
     @classmethod
     def from_settings(cls, settings: dict, command: str = "pack") -> "PackConfig":
@@ -92,6 +98,26 @@ class PackConfig:
         parse_size(self.shard_size)
         if self.partition_size is not None and self.partition_size < 1:
             raise ConfigError("--partition-size must be at least 1")
+        self._validate_balance()
+
+    def _validate_balance(self) -> None:
+        if self.model_config is not None:
+            model_cost(self.model_config)  # a bad path or shape fails now, before any tokenizing
+        if self.balance_dp is None:
+            if self.rows_per_step != 1 or self.balance_sampler != "distributed":
+                raise ConfigError("--rows-per-step and --balance-sampler apply only with --balance-dp N")
+            return
+        if self.balance_dp < 1 or self.rows_per_step < 1:
+            raise ConfigError("--balance-dp and --rows-per-step must be at least 1")
+        if self.balance_sampler not in SAMPLERS:
+            raise ConfigError(f"--balance-sampler must be one of {', '.join(SAMPLERS)}")
+        if not can_balance(STRATEGY_TABLE[self.strategy]):
+            able = ", ".join(name for name, s in STRATEGY_TABLE.items() if can_balance(s))
+            raise ConfigError(f"--balance-dp re-packs the rows of a packer that keeps samples whole ({able}), "
+                              f"not --strategy {self.strategy}")
+        if self.row_order != "shuffle":
+            raise ConfigError("--balance-dp orders the rows itself (steps in seeded random order); "
+                              f"leave --row-order at shuffle, not {self.row_order}")
 
 
 def pack(
@@ -209,6 +235,9 @@ def _pack(store: TokenStore, config: PackConfig, ledger: Ledger) -> Bins:
         for source_index in np.unique(store.source_index(bins.items[cut])).tolist():
             if ledger.status[source_index] == PACKED:  # a truncated record that is also cut stays truncated
                 ledger.status[source_index] = SPLIT
+    if config.balance_dp:
+        return balance_bins(bins, lengths, config.max_len, config.balance_dp, config.rows_per_step,
+                            cost=model_cost(config.model_config), seed=config.seed, sampler=config.balance_sampler)
     del lengths  # the planner's arrays are the driver's peak: free what is done before the next
     return order_bins(bins, config.row_order, config.seed)
 
@@ -256,6 +285,9 @@ def _manifest(config, encoding: Encoding, ledger, sequences: int, segments, shar
         "partitions": -(-sequences // config.partition_size) if config.partition_size and sequences else 1,
         "length_histograms": length_histograms(row_lengths, segments.length, config.max_len),
         "shards": shards,
+        **({"balance": balance_summary(segments.length, segments.offsets, config.balance_dp, config.rows_per_step,
+                                       config.balance_sampler, model_cost(config.model_config), config.seed)}
+           if config.balance_dp else {}),
     }
 
 

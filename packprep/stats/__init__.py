@@ -37,6 +37,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from ..cost import model_cost
 from ..encode import Encoding, Ledger
 from ..engines import make_engine
 from ..errors import ConfigError
@@ -71,6 +72,8 @@ def stats(
     *,
     num_proc: int | None = None,
     progress: bool = False,
+    dp_size: int | None = None,
+    rows_per_step: int = 1,
     **settings,
 ) -> dict:
     """Length statistics and the what-if table for ``inputs``, tokenized as ``pack`` would.
@@ -81,13 +84,16 @@ def stats(
     :data:`DEFAULT_MAX_LENS` and :data:`DEFAULT_STRATEGIES`. Nothing is written. Returns a
     JSON-ready dict (``kind: "inputs"``) that :func:`render_text` and :func:`plot` draw; for a
     single packed output folder (holding ``packprep.json``), :func:`stats_folder`'s report.
+    ``dp_size`` (with ``rows_per_step`` and the ``model_config`` setting) adds the predicted step
+    efficiency over that many data-parallel ranks, shuffled and balanced (:func:`what_if`).
     """
     from ..pipeline import PackConfig
     from ..read import resolve_inputs
 
     paths = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
     if len(paths) == 1 and is_packed_folder(paths[0]):
-        return stats_folder(paths[0], global_batch_size=global_batch_size, epochs=epochs)
+        return stats_folder(paths[0], global_batch_size=global_batch_size, epochs=epochs, dp_size=dp_size,
+                            rows_per_step=rows_per_step, model_config=settings.get("model_config"))
     if not tokenizer:
         raise ConfigError("--tokenizer is required for input files (only a packed folder, holding "
                           "packprep.json, needs none)")
@@ -97,6 +103,8 @@ def stats(
         max_lens, strategies, global_batch_size, epochs,
         settings.get("overlong", "truncate"), settings.get("samples_per_row"),
     )
+    if dp_size is not None and (dp_size < 1 or rows_per_step < 1):
+        raise ConfigError("--dp-size and --rows-per-step must be at least 1")
     config = PackConfig.from_settings({**settings, "max_len": max(max_lens)}, "stats")
     sources = resolve_inputs([str(path) for path in paths])
     encoding = Encoding.open(sources, tokenizer, config, min(max_lens))
@@ -109,6 +117,7 @@ def stats(
         supervised_within=collected.within, split_masked=collected.masked, overlong=config.overlong, seed=config.seed,
         samples_per_row=config.samples_per_row, partition_size=config.partition_size,
         global_batch_size=global_batch_size, epochs=epochs,
+        dp_size=dp_size, rows_per_step=rows_per_step, cost=model_cost(config.model_config),
     )
     rejected = sum(tally.reasons.values())
     return {
@@ -136,6 +145,8 @@ def stats(
             "epochs": int(epochs),
             "overlong": config.overlong,
             "seed": config.seed,
+            **({"dp_size": int(dp_size), "rows_per_step": int(rows_per_step),
+                "cost_model": model_cost(config.model_config).as_dict()} if dp_size else {}),
             "rows": table,
         },
     }
@@ -145,10 +156,13 @@ def is_packed_folder(path: str | os.PathLike) -> bool:
     return Path(path).is_dir() and (Path(path) / "packprep.json").is_file()
 
 
-def stats_folder(folder: str | os.PathLike, global_batch_size: int = 64, epochs: int = 1) -> dict:
+def stats_folder(folder: str | os.PathLike, global_batch_size: int = 64, epochs: int = 1, *,
+                 dp_size: int | None = None, rows_per_step: int = 1, model_config: str | None = None) -> dict:
     """Rows, sequences per row, efficiency and fill of a packed output folder (``kind: "packed"``).
 
     Read from ``packprep.json`` and the shards' ``seq_lens`` column (token columns are not read).
+    ``dp_size`` adds ``steps``: the predicted step efficiency of the rows read in order and shuffled
+    (:func:`packprep.balance.balance_summary`), in the order the folder was balanced for, if it was.
     """
     from ..verify import read_manifest
 
@@ -186,4 +200,17 @@ def stats_folder(folder: str | os.PathLike, global_batch_size: int = 64, epochs:
         },
         "histogram": {"of": "sequence tokens", "bins": log_histogram(seq_lengths)},
         "fill_histogram": fill_bins,
+        **({"steps": _folder_steps(manifest, seq_lengths, per_row, dp_size, rows_per_step, model_config)}
+           if dp_size else {}),
     }
+
+
+def _folder_steps(manifest, seq_lengths, per_row, dp_size, rows_per_step, model_config) -> dict:
+    from ..balance import balance_summary
+
+    if dp_size < 1 or rows_per_step < 1:
+        raise ConfigError("--dp-size and --rows-per-step must be at least 1")
+    offsets = np.concatenate([[0], np.cumsum(per_row)]).astype(np.int64)
+    sampler = (manifest.get("balance") or {}).get("sampler", "distributed")
+    cost = model_cost(model_config or manifest["config"].get("model_config"))
+    return balance_summary(seq_lengths, offsets, dp_size, rows_per_step, sampler, cost, manifest["config"]["seed"])

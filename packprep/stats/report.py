@@ -152,7 +152,29 @@ def render_text(report: dict) -> str:
     lines.extend(_wrap(f"  conversations longer than {over}"))
     lines.append("")
     lines += _what_if_lines(report["what_if"])
+    if report["what_if"].get("dp_size"):
+        lines += [""] + _step_lines(report["what_if"])
     return "\n".join(lines) + "\n"
+
+
+def _step_lines(plan: dict) -> list[str]:
+    """The predicted step efficiency over dp_size ranks, shuffled rows vs pack --balance-dp."""
+    cost = plan["cost_model"]
+    lines = _wrap(f"step efficiency over {plan['dp_size']} data-parallel ranks, {plan['rows_per_step']} row(s) a "
+                  f"rank a step (mean rank cost / slowest rank, averaged over steps; cost model: "
+                  f"{Path(cost['source']).name if cost['source'] != 'default' else 'Llama-3.2-1B shape'}):")
+    lines.append(f"  {'max_len':>7} {'strategy':<9}{'shuffled':>10}{'balanced':>10}{'attn share':>12}")
+    previous = None
+    for r in plan["rows"]:
+        max_len = _n(r["max_len"]) if r["max_len"] != previous else ""
+        previous = r["max_len"]
+        balanced = "-" if r["step_efficiency_balanced"] is None else f"{r['step_efficiency_balanced']:.3f}"
+        lines.append(f"  {max_len:>7} {r['strategy']:<9}{r['step_efficiency']:>10.3f}{balanced:>10}"
+                     f"{r['attention_share']:>12.1%}")
+    lines.extend(_wrap("  shuffled: rows dealt by a shuffling sampler; balanced: pack --balance-dp "
+                       f"{plan['dp_size']} --rows-per-step {plan['rows_per_step']}, read in order; "
+                       "attn share: attention's share of the cost", indent="    "))
+    return lines
 
 
 def _render_folder(report: dict) -> str:
@@ -194,6 +216,12 @@ def _render_folder(report: dict) -> str:
     lines.append("")
     lines.append("tokens per packed sequence (log-scaled bins):")
     lines += _histogram_lines(report["histogram"]["bins"], report["sequences"])
+    if report.get("steps"):
+        steps = report["steps"]
+        lines += [""] + _wrap(
+            f"step efficiency over {steps['dp_size']} ranks, {steps['rows_per_step']} row(s) a rank a step "
+            f"({steps['sampler']} order): {steps['step_efficiency']:.3f} read in order, "
+            f"{steps['step_efficiency_shuffled']:.3f} shuffled; attention {steps['attention_share']:.1%} of the cost")
     return "\n".join(lines) + "\n"
 
 

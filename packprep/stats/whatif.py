@@ -11,8 +11,10 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
+from ..balance import balance_bins, balance_summary, can_balance
+from ..cost import CostModel, model_cost
 from ..errors import ConfigError
-from ..packing import STRATEGY_TABLE, split_pieces
+from ..packing import STRATEGY_TABLE, Bins, order_bins, split_pieces
 from ..plan import TRUNCATED, check_overlong, check_strategy, overlong_fates, plan_bins
 
 DEFAULT_MAX_LENS = (1024, 2048, 4096, 8192, 16384)
@@ -52,6 +54,9 @@ def what_if(
     partition_size: int | None = None,
     global_batch_size: int = 64,
     epochs: int = 1,
+    dp_size: int | None = None,
+    rows_per_step: int = 1,
+    cost: CostModel | None = None,
 ) -> list[dict]:
     """What ``pack`` would produce for each ``max_len`` × ``strategy``, from lengths alone.
 
@@ -78,7 +83,11 @@ def what_if(
     where ``random`` cuts samples, or under split without ``split_masked``: a piece's first label
     becomes -100, so the true count is lower by at most one per piece),
     ``optimizer_steps``, ``attention_cost`` (sum of len² over packed sequences) and
-    ``attention_vs_pad``.
+    ``attention_vs_pad``. With ``dp_size`` (and ``cost``, a :class:`packprep.cost.CostModel`, by default
+    :func:`packprep.cost.model_cost`'s), also
+    ``step_efficiency`` (rows dealt to the ranks in shuffled order, ``rows_per_step`` each),
+    ``step_efficiency_balanced`` (as ``pack --balance-dp``; None for a strategy it does not apply to)
+    and ``attention_share`` (the cost model's share of attention in these rows).
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     if lengths.ndim != 1:
@@ -90,6 +99,7 @@ def what_if(
         raise ValueError("supervised must have one value per length")
     max_lens, strategies = check_plan(max_lens, strategies, global_batch_size, epochs, overlong, samples_per_row)
     global_batch_size, epochs = int(global_batch_size), int(epochs)
+    cost = cost or model_cost()
     table = []
     for max_len in max_lens:
         over = lengths > max_len
@@ -115,8 +125,8 @@ def what_if(
             _, _, pieces = split_pieces(lens, max_len)
         pad_attention = int(np.square(pieces if pieces is not None else lens, dtype=np.int64).sum())
         for strategy in strategies:
-            entry, row_lengths = _plan(lens, max_len, strategy, seed, samples_per_row, partition_size,
-                                       split=overlong == "split")
+            bins, entry, row_lengths = _plan(lens, max_len, strategy, seed, samples_per_row, partition_size,
+                                             split=overlong == "split")
             rows = len(row_lengths)
             width = max(max_len, int(row_lengths.max()) if rows else 0)
             sup_here, exact = sup, True
@@ -143,15 +153,34 @@ def what_if(
                     "optimizer_steps": -(-rows // global_batch_size) * epochs,
                     "attention_cost": attention,
                     "attention_vs_pad": round(attention / pad_attention, 4) if pad_attention else 0.0,
+                    **(_steps(bins, lens, entry, max_len, strategy, dp_size, rows_per_step, cost, seed)
+                       if dp_size else {}),
                 }
             )
     return table
 
 
-def _plan(lens, max_len, strategy, seed, samples_per_row, partition_size, split) -> tuple[np.ndarray, np.ndarray]:
-    """(length of every packed sequence or piece, length of every row), exactly as ``pack`` packs ``lens``."""
+def _steps(bins, lens, entry, max_len, strategy, dp_size, rows_per_step, cost, seed) -> dict:
+    """The predicted step efficiency of these rows shuffled, and balanced as pack --balance-dp would."""
+    if not len(entry):
+        return {"step_efficiency": 1.0, "step_efficiency_balanced": None, "attention_share": 0.0}
+    shuffled = order_bins(bins, "shuffle", seed)
+    plain = balance_summary(shuffled.entry_lengths(lens), shuffled.offsets, dp_size, rows_per_step, "distributed",
+                            cost, seed)
+    balanced = None
+    if can_balance(STRATEGY_TABLE[strategy]):
+        out = balance_bins(bins, lens, max_len, dp_size, rows_per_step, cost=cost, seed=seed)
+        balanced = balance_summary(out.entry_lengths(lens), out.offsets, dp_size, rows_per_step, "distributed",
+                                   cost, seed)["step_efficiency"]
+    return {"step_efficiency": plain["step_efficiency"], "step_efficiency_balanced": balanced,
+            "attention_share": plain["attention_share"]}
+
+
+def _plan(lens, max_len, strategy, seed, samples_per_row, partition_size,
+          split) -> tuple[Bins | None, np.ndarray, np.ndarray]:
+    """(the bins, length of every packed sequence or piece, length of every row), exactly as ``pack`` packs ``lens``."""
     if len(lens) == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return None, np.zeros(0, np.int64), np.zeros(0, np.int64)
     bins = plan_bins(lens, max_len, strategy, seed=seed, samples_per_row=samples_per_row,
                      overlong="split" if split else "truncate", partition_size=partition_size)
-    return bins.entry_lengths(lens), bins.bin_lengths(lens)
+    return bins, bins.entry_lengths(lens), bins.bin_lengths(lens)

@@ -35,6 +35,8 @@ Everything that needs ``torch`` lives in this package; ``import packprep`` never
               the user's own collator/Trainer and model, compared with its sequences run alone;
               raises ``PackingIsolationError`` naming the cause. ``check_isolation(model)``: the
               model alone, on two random sequences.
+``order``     ``check_order(loader_or_trainer, data)``: warns (``BalanceOrderWarning``) when the sampler
+              would not read rows packed with ``--balance-dp`` in the order they were balanced for.
 """
 
 from __future__ import annotations
@@ -51,15 +53,18 @@ from .collate import (PackedCollator, PaddedCollator, collate_packed, collate_pa
 from .data import PackedDataset
 from .hybrid import register_packed_layers
 from .isolation import PackingIsolationError, check_isolation, check_pipeline
+from .order import BalanceOrderWarning, check_order
 
 __all__ = [
     "IGNORE_INDEX",
+    "BalanceOrderWarning",
     "VARLEN_ATTENTION_NAME",
     "PackedDataset",
     "PackedCollator",
     "PaddedCollator",
     "PackingIsolationError",
     "check_isolation",
+    "check_order",
     "check_pipeline",
     "collate_packed",
     "collate_padded",

@@ -16,6 +16,7 @@ import torch
 
 from ..layout import IGNORE_INDEX
 from .collate import collate_packed
+from .order import check_order
 
 
 class PackingIsolationError(RuntimeError):
@@ -278,6 +279,8 @@ def check_pipeline(pipeline, model=None, data: str | os.PathLike | None = None, 
     next one's first token. On a leak, raises :class:`PackingIsolationError` naming the cause: merged or
     recomputed position ids, an attention mask, a KV cache, truncation, dropped columns, labels.
     Returns the max logit difference and the summed loss of the row packed and run one by one.
+    For a trainer and a folder packed with ``--balance-dp``, also warns (:func:`check_order`) when
+    the trainer's sampler would not read the rows in the order they were balanced for.
     """
     trainer = pipeline if _is_trainer(pipeline) else None
     if model is None:
@@ -286,6 +289,8 @@ def check_pipeline(pipeline, model=None, data: str | os.PathLike | None = None, 
         model = trainer.model
     if data is None:
         raise TypeError("check_pipeline needs data=: the packprep output folder the rows come from")
+    if trainer is not None:
+        check_order(trainer, data)
     dataset, readers = _truth(data)
     index, picked = _pick(dataset, trainer, max_rows)
     truth = dataset[index]
