@@ -422,7 +422,7 @@ def _refusing_forward(model, batch, head: str):
     except ValueError as exc:
         if "packed sequences" not in str(exc):
             raise
-        from .hybrid import describe, stateful_layers
+        from .layers import describe, stateful_layers
 
         kinds = sorted({describe(module) for _, module in stateful_layers(model)})
         raise PackingIsolationError(
@@ -479,7 +479,7 @@ def _first_leaking_part(model, packed: Mapping[str, Any], alone: Sequence[Mappin
 
 def _layer_cause(model, packed, alone, spans) -> str | None:
     """The message naming the recurrent/convolutional layer type that mixes the packed sequences, if one does."""
-    from .hybrid import describe, layer_type_of, stateful_layers
+    from .layers import describe, layer_type_of, stateful_layers
 
     found = _first_leaking_part(model, packed, alone, spans)
     inside = stateful_layers(found[1]) if found else []
