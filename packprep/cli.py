@@ -100,8 +100,16 @@ def main():
     """
 
 
+_MIX = click.option("--mix", default=None, type=click.Path(dir_okay=False), metavar="MIX.yaml",
+                    help="Mixture file (YAML or JSON): sources, each a path with a weight (a multiplier of its "
+                    "records) or a share (its fraction of the tokens); INPUTS join it at weight 1.")
+_VALIDATION_SIZE = click.option("--validation-size", default=None, type=float, metavar="F|N",
+                                help="Hold out a fraction F (or N records) of each source, in proportion, as "
+                                "the validation split, before weights repeat anything.")
+
+
 @main.command(epilog=EXIT_CODES_HELP)
-@click.argument("inputs", nargs=-1, required=True)
+@click.argument("inputs", nargs=-1)
 @click.option("--tokenizer", "-t", required=True, help="Tokenizer folder or Hub id (with a chat template).")
 @click.option("--output", "-o", required=True, type=click.Path(file_okay=False), help="Output folder.")
 @click.option("--max-len", default=DEFAULT.max_len, show_default=True, type=int, help="Tokens per packed row.")
@@ -134,6 +142,8 @@ def main():
               help="local: this machine's cores; ray: read, tokenize, write and verify on a Ray cluster, whose "
                    "nodes must all see the inputs and --output (pip install 'packprep[ray]').")
 @click.option("--ray-address", default=None, help="With --engine ray: the cluster address [default: start a local Ray].")
+@_MIX
+@_VALIDATION_SIZE
 @click.option("--push-to", default=None, metavar="REPO_ID",
               help="After packing, push the folder to this Hub dataset repo (as `packprep push`).")
 @click.option("--private", is_flag=True, help="With --push-to: create the repo private.")
@@ -151,6 +161,7 @@ def pack(inputs, tokenizer, output, format_, num_proc, engine, ray_address, push
       packprep pack data/ -t ./tok --strategy random --seed 1 --overlong split -o packed/ --overwrite
       packprep pack chats.jsonl -t ./llama3 --layout trl -o packed-trl/
       packprep pack 'dump/*.json' -t ./llama3 --leading-assistant reject --consecutive keep -o packed/
+      packprep pack --mix mix.yaml -t ./llama3 --validation-size 0.02 -o packed/
     """
     if push_to:  # a bad token or no network fails before the packing work, not after
         from .push import check_credentials
@@ -158,6 +169,9 @@ def pack(inputs, tokenizer, output, format_, num_proc, engine, ray_address, push
         check_credentials(token)
     manifest = pack_(list(inputs), output, tokenizer, overwrite=overwrite, num_proc=num_proc, engine=engine,
                      ray_address=ray_address, progress=not quiet, format=format_, layout=layout, **settings)
+    for source in manifest.get("mixture", {}).get("sources", []):
+        click.echo(f"  {source['name']}: {source['train_sequences']:,} sequences in train "
+                   f"({source["realized_share"]:.2%} of the train tokens), {source['validation_records']:,} in validation")
     counts = manifest["counts"]
     click.echo(
         f"read {counts['records']:,} records into {manifest['rows']:,} rows "

@@ -150,8 +150,8 @@ def plan_shards(row_lengths: np.ndarray, row_sequences: np.ndarray, shard_bytes:
         start, before = stop, int(ends[stop - 1])
 
 
-def shard_name(index: int, count: int, shard_format: str) -> str:
-    return f"data/train-{index:05d}-of-{count:05d}.{shard_format}"
+def shard_name(index: int, count: int, shard_format: str, split: str = "train") -> str:
+    return f"data/{split}-{index:05d}-of-{count:05d}.{shard_format}"
 
 
 def write_shards(
@@ -165,6 +165,7 @@ def write_shards(
     engine: "Engine | None" = None,
     check: "ShardContext | None" = None,
     tokens_done: "Callable[[], None] | None" = None,
+    split: str = "train",
 ) -> tuple[list[dict], list]:
     """Write all rows of ``segments`` as shards under ``folder/data``; return their manifest entries
     and, with ``check``, each shard's check (:func:`packprep.verify.check_shards`), read back from
@@ -184,7 +185,7 @@ def write_shards(
     _arrow_ready()
     row_lengths = segments.row_lengths()
     plan = plan_shards(row_lengths, np.diff(segments.offsets), shard_bytes)
-    job = ShardJob(folder, store, segments, max_len, shard_format, len(plan))
+    job = ShardJob(folder, store, segments, max_len, shard_format, len(plan), split)
     (folder / PIECES).mkdir()
     writers = max(1, min(engine.workers, WRITERS_MEMORY // WRITER_BYTES))
     pieces = shard_pieces(plan, job.rows_per_group, writers)
@@ -203,7 +204,7 @@ def write_shards(
 
         checks = check_shards(check, entries, engine, workers=writers)
     (folder / PIECES).rmdir()
-    if shard_format == "arrow":
+    if shard_format == "arrow" and split == "train":  # load_from_disk(DIR/data) reads the train split
         write_arrow_dataset_state(folder / "data", entries)
     return entries, checks
 
@@ -236,13 +237,13 @@ def shard_pieces(plan: list[tuple[int, int]], rows_per_group: int, workers: int)
 class ShardJob:
     """What writing any shard needs: the write stage's context (the token store's index, the pieces)."""
 
-    def __init__(self, folder, store, segments, max_len, shard_format, count):
-        self.folder, self.store, self.segments = folder, store, segments
+    def __init__(self, folder, store, segments, max_len, shard_format, count, split="train"):
+        self.folder, self.store, self.segments, self.split = folder, store, segments, split
         self.rows_per_group = max(1, ROW_GROUP_TOKENS // max(1, max_len))
         self.shard_format, self.count = shard_format, count
 
     def piece_path(self, index: int, number: int) -> Path:
-        return self.folder / PIECES / f"{index:05d}-{number:05d}.{self.shard_format}"
+        return self.folder / PIECES / f"{self.split}-{index:05d}-{number:05d}.{self.shard_format}"
 
 
 def write_piece(job: ShardJob, piece: tuple[int, int, int, int]) -> tuple[int, int]:
@@ -263,7 +264,7 @@ def write_piece(job: ShardJob, piece: tuple[int, int, int, int]) -> tuple[int, i
 def join_shard(job: ShardJob, shard: tuple[int, int, int, int, int, int]) -> dict:
     """The join stage: join shard ``index``'s pieces into it; return its manifest entry."""
     index, first, last, pieces, tokens, supervised = shard
-    name = shard_name(index, job.count, job.shard_format)
+    name = shard_name(index, job.count, job.shard_format, job.split)
     path = job.folder / name
     sha256 = join_pieces([job.piece_path(index, number) for number in range(pieces)], path, job.shard_format)
     return {"path": name, "rows": last - first, "tokens": tokens, "supervised_tokens": supervised,

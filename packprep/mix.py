@@ -1,0 +1,326 @@
+"""Step 4a': which sequences a run trains on, and how often: a mixture of sources and a validation split.
+
+``pack --mix MIX.yaml`` names sources, each with a ``weight`` (a multiplier of its records) or a
+``share`` (its fraction of the output's tokens); ``--validation-size`` holds records out. Both are
+decided here, after tokenizing (a share needs token counts) and before packing, as a
+:class:`Selection` of the token store's sequences: the validation records first (so no record, nor
+a copy of one, is in both splits), then each source's copies. Every draw is seeded by ``--seed`` and
+the source's position, and made on the store, which is the same for any ``--num-proc``: so is the
+selection. The training sequences are listed in rounds (every record once, then the records with a
+second copy, ...), which keeps a record's copies apart for the packer; :func:`separate_copies` moves
+any copy the packer still put beside its twin.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import ConfigError
+from .normalize import FORMATS
+from .packing import Bins
+from .read import Source, resolve_inputs
+
+MIX_KEYS = ("path", "name", "weight", "share", "format", "messages_field")
+UNSAMPLED = 4  # a ledger status beside encode.FATES: an accepted record the mixture left out
+SHARE_TOLERANCE = 1e-6
+
+
+@dataclass
+class MixSource:
+    """One source of a mixture: a file, folder, pattern or Hub id, and how much of it to train on."""
+
+    path: str
+    name: str
+    weight: float | None = None  # exactly one of weight and share
+    share: float | None = None
+    format: str | None = None
+    messages_field: str | None = None
+
+    def describe(self) -> dict:
+        return {"name": self.name, "path": self.path,
+                **({"share": self.share} if self.share is not None else {"weight": self.weight})}
+
+
+def load_mix(path: str | os.PathLike | None, inputs: list[str] = ()) -> list[MixSource]:
+    """The sources of the mixture file ``path`` (YAML or JSON), after ``inputs`` at weight 1.
+
+    A source's relative path is taken from the mixture file's folder where it exists there.
+    """
+    sources = [MixSource(spec, spec, weight=1.0) for spec in inputs]
+    if path is None:
+        return sources
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"--mix {path}: cannot read it ({exc.strerror or exc})") from None
+    try:
+        import yaml
+
+        data = yaml.safe_load(text) if not str(path).endswith(".json") else json.loads(text)
+    except Exception as exc:
+        raise ConfigError(f"--mix {path}: not valid YAML or JSON ({str(exc).splitlines()[0]})") from None
+    entries = data.get("sources") if isinstance(data, dict) else data
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError(f"--mix {path}: expected a list of sources (or a 'sources:' key holding one), "
+                          "each with a 'path' and a 'weight' or a 'share'")
+    base = Path(path).parent
+    for number, entry in enumerate(entries, start=1):
+        sources.append(_mix_source(entry, f"--mix {path}, source {number}", base))
+    names = [s.name for s in sources]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigError(f"--mix {path}: source name {twice[0]!r} is used twice; give each source its own 'name'")
+    return sources
+
+
+def _mix_source(entry, where: str, base: Path) -> MixSource:
+    if isinstance(entry, str):
+        entry = {"path": entry}
+    if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
+        raise ConfigError(f"{where}: needs a 'path' (a file, folder, pattern or Hub id)")
+    unknown = sorted(set(entry) - set(MIX_KEYS))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(MIX_KEYS)})")
+    if "weight" in entry and "share" in entry:
+        raise ConfigError(f"{where}: give a 'weight' or a 'share', not both")
+    local = base / entry["path"]
+    path = str(local) if not os.path.isabs(entry["path"]) and (local.exists() or local.parent.is_dir()
+                                                                 and any(c in entry["path"] for c in "*?[")) \
+        else entry["path"]
+    source = MixSource(path, str(entry.get("name") or entry["path"]), format=entry.get("format"),
+                       messages_field=entry.get("messages_field"))
+    if source.format is not None and source.format not in FORMATS:
+        raise ConfigError(f"{where}: format must be one of {', '.join(FORMATS)}")
+    if "share" in entry:
+        source.share = _number(entry["share"], "share", where)
+        if not 0 < source.share < 1 + SHARE_TOLERANCE:
+            raise ConfigError(f"{where}: share must be above 0 and at most 1, not {source.share}")
+    else:
+        source.weight = _number(entry.get("weight", 1), "weight", where)
+        if source.weight < 0:
+            raise ConfigError(f"{where}: weight must be 0 or more, not {source.weight}")
+    return source
+
+
+def _number(value, key: str, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigError(f"{where}: {key} must be a number, not {value!r}")
+    return float(value)
+
+
+def resolve_mix(mix: list[MixSource]) -> tuple[list[Source], list[int]]:
+    """The input files of every source, in order, and the source each file belongs to."""
+    files, groups = [], []
+    for number, source in enumerate(mix):
+        for found in resolve_inputs([source.path]):
+            found.format, found.messages_field = source.format, source.messages_field
+            files.append(found)
+            groups.append(number)
+    return files, groups
+
+
+def check_validation_size(size: float | None) -> None:
+    if size is not None and (size <= 0 or (size >= 1 and size != int(size))):
+        raise ConfigError("--validation-size must be a fraction between 0 and 1, or a whole number of records")
+
+
+@dataclass
+class Selection:
+    """What each split packs, as token-store sequence numbers: ``train`` in packing order (copies in
+    rounds), ``validation`` ascending; ``unsampled``: the accepted sequences neither packs."""
+
+    train: np.ndarray
+    validation: np.ndarray
+    unsampled: np.ndarray
+
+    @classmethod
+    def from_copies(cls, copies: np.ndarray, held_out: np.ndarray) -> "Selection":
+        """The selection of ``copies`` (per sequence, in training) and ``held_out`` (a mask)."""
+        rounds = [np.flatnonzero(copies > r) for r in range(int(copies.max(initial=0)))]
+        train = np.concatenate(rounds) if rounds else np.zeros(0, np.int64)
+        return cls(train.astype(np.int64), np.flatnonzero(held_out).astype(np.int64),
+                   np.flatnonzero((copies == 0) & ~held_out).astype(np.int64))
+
+    def copies(self, sequences: int) -> np.ndarray:
+        return np.bincount(self.train, minlength=sequences)
+
+
+def plan_selection(mix: list[MixSource], group_of: np.ndarray, lengths: np.ndarray, seed: int,
+                   validation_size: float | None) -> Selection:
+    """The selection of the store's sequences (``group_of``: each one's mixture source; ``lengths``: its
+    tokens): validation first, then the weights, then the shares (whose targets the weights fix)."""
+    from .split import hold_out
+
+    held_out = hold_out(group_of, len(mix), validation_size, seed)
+    copies = np.zeros(len(lengths), np.int64)
+    fixed_tokens = 0
+    for number, source in enumerate(mix):
+        if source.weight is not None:
+            members = np.flatnonzero((group_of == number) & ~held_out)
+            copies[members] = _weighted(len(members), source.weight, _rng(seed, number))
+            fixed_tokens += int((copies[members] * lengths[members]).sum())
+    shares = [(n, s) for n, s in enumerate(mix) if s.share is not None]
+    if shares:
+        total = _share_total(mix, shares, group_of, held_out, lengths, fixed_tokens)
+        for number, source in shares:
+            members = np.flatnonzero((group_of == number) & ~held_out)
+            if not len(members) or not lengths[members].sum():
+                raise ConfigError(f"mixture source {source.name!r} has no records left to reach its share")
+            copies[members] = _to_tokens(lengths[members], source.share * total, _rng(seed, number))
+    return Selection.from_copies(copies, held_out)
+
+
+def _rng(seed: int, number: int) -> np.random.Generator:
+    return np.random.default_rng([seed, 0x6D6978, number])  # "mix"
+
+
+def _weighted(records: int, weight: float, rng: np.random.Generator) -> np.ndarray:
+    """Copies of each record: the integer part of ``weight`` each, one more for a seeded sample of
+    round-half-up(fraction x records) of them (0.5 of 7 records: 4)."""
+    whole = int(weight)
+    extra = min(records, int(math.floor((weight - whole) * records + 0.5)))
+    copies = np.full(records, whole, np.int64)
+    copies[rng.choice(records, extra, replace=False)] += 1
+    return copies
+
+
+def _share_total(mix, shares, group_of, held_out, lengths, fixed_tokens: int) -> float:
+    """The output's tokens that the shares are fractions of. With weighted sources, what makes their
+    tokens the rest (1 - sum of shares); with shares alone (adding up to 1), the sources' own total."""
+    total_share = sum(s.share for _, s in shares)
+    if len(shares) == len(mix):
+        if abs(total_share - 1) > SHARE_TOLERANCE:
+            raise ConfigError(f"the mixture's shares add up to {total_share:g}; with no weighted source they must "
+                              "add up to 1")
+        return float(lengths[~held_out].sum())
+    if total_share >= 1 - SHARE_TOLERANCE:
+        raise ConfigError(f"the mixture's shares add up to {total_share:g}, leaving nothing for its weighted "
+                          "sources; make them add up to less than 1")
+    if fixed_tokens == 0:
+        raise ConfigError("the mixture's weighted sources give no tokens, so its shares have nothing to be a share "
+                          "of; give a source a weight above 0, or give every source a share")
+    return fixed_tokens / (1 - total_share)
+
+
+def _to_tokens(lengths: np.ndarray, target: float, rng: np.random.Generator) -> np.ndarray:
+    """Copies of each record whose tokens come nearest ``target``: whole passes over the records, then a
+    seeded random prefix of them."""
+    tokens = int(lengths.sum())
+    whole = int(target // tokens)
+    copies = np.full(len(lengths), whole, np.int64)
+    rest = target - whole * tokens
+    order = rng.permutation(len(lengths))
+    running = np.cumsum(lengths[order])
+    take = int(np.searchsorted(running, rest))
+    if take < len(order) and (take == 0 and running[0] - rest < rest or take > 0 and
+                              running[take] - rest < rest - running[take - 1]):
+        take += 1  # the next record brings the total nearer the target
+    copies[order[:take]] += 1
+    return copies
+
+
+def separate_copies(bins: Bins, lengths: np.ndarray) -> Bins:
+    """``bins`` (entries: store sequences) with no sequence twice in a row: each copy beside its twin is
+    swapped with an entry of the same length in another row where neither is (the rows keep their
+    lengths), else moved to a row of its own."""
+    items, offsets = bins.items.astype(np.int64), bins.offsets
+    row = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+    order = np.lexsort((items, row))
+    twin = (row[order][1:] == row[order][:-1]) & (items[order][1:] == items[order][:-1])
+    if not twin.any():
+        return bins
+    entry_len = bins.entry_lengths(lengths)
+    items, starts = bins.items.copy(), None if bins.starts is None else bins.starts.copy()
+    plens = None if bins.lengths is None else bins.lengths.copy()
+    alone = []
+    by_length = {}
+    for entry in np.sort(order[1:][twin]).tolist():
+        here = row[entry]
+        if not _in_row(items, offsets, here, items[entry], skip=entry):
+            continue  # an earlier swap already parted it from its twin
+        if entry_len[entry] not in by_length:
+            by_length[entry_len[entry]] = np.flatnonzero(entry_len == entry_len[entry]).tolist()
+        for other in by_length[entry_len[entry]]:
+            there = row[other]
+            if there != here and not _in_row(items, offsets, there, items[entry]) \
+                    and not _in_row(items, offsets, here, items[other]):
+                for array in (items, starts, plens):
+                    if array is not None:
+                        array[entry], array[other] = array[other], array[entry]
+                break
+        else:
+            alone.append(entry)
+    if not alone:
+        return Bins(items, offsets, starts, plens)
+    keep = np.ones(len(items), bool)
+    keep[alone] = False
+    sizes = np.bincount(row[keep], minlength=len(offsets) - 1)
+    new_offsets = np.concatenate([[0], np.cumsum(np.concatenate([sizes, np.ones(len(alone), np.int64)]))])
+    pick = np.concatenate([np.flatnonzero(keep), np.array(alone, np.int64)])
+    return Bins(items[pick], new_offsets.astype(np.int64), None if starts is None else starts[pick],
+                None if plens is None else plens[pick])
+
+
+def _in_row(items: np.ndarray, offsets: np.ndarray, row: int, item: int, skip: int = -1) -> bool:
+    lo, hi = offsets[row], offsets[row + 1]
+    found = np.flatnonzero(items[lo:hi] == item) + lo
+    return bool(len(found[found != skip]))
+
+
+@dataclass
+class Mixture:
+    """A run's mixture (its sources, and the source of each input file), validation size and, once the
+    store is made, its selection."""
+
+    sources: list[MixSource]
+    groups: list[int]
+    validation_size: float | None = None
+    selection: Selection | None = None
+
+    def select(self, records: np.ndarray, input_records: list[int], lengths: np.ndarray, seed: int) -> Selection:
+        """Plan the selection of the store's sequences (``records``: each one's input record number)."""
+        self.selection = plan_selection(self.sources, self.group_of(records, input_records), lengths, seed,
+                                        self.validation_size)
+        return self.selection
+
+    def group_of(self, records: np.ndarray, input_records: list[int]) -> np.ndarray:
+        starts = input_starts(input_records)
+        return np.asarray(self.groups, np.int64)[np.searchsorted(starts, records, side="right") - 1]
+
+    def table(self, records: np.ndarray, lengths: np.ndarray, inputs: list[dict]) -> dict:
+        """The manifest's ``mixture``: each source as asked for and as realized in ``train``."""
+        group_of = self.group_of(records, [entry["records"] for entry in inputs])
+        copies = self.selection.copies(len(records))
+        held = np.zeros(len(records), bool)
+        held[self.selection.validation] = True
+        tokens = np.bincount(group_of, copies * lengths.astype(np.int64), minlength=len(self.sources))
+        total = max(1, int(tokens.sum()))
+        rows = []
+        for number, source in enumerate(self.sources):
+            mine = group_of == number
+            files = [n for n, group in enumerate(self.groups) if group == number]
+            rows.append({
+                **source.describe(), "inputs": files, "sha256": [inputs[n]["sha256"] for n in files],
+                "records": sum(inputs[n]["records"] for n in files), "sequences": int(mine.sum()),
+                "validation_records": int((mine & held).sum()), "train_records": int((mine & (copies > 0)).sum()),
+                "train_sequences": int(copies[mine].sum()), "train_tokens": int(tokens[number]),
+                "realized_share": round(int(tokens[number]) / total, 6),
+            })
+        return {"seed_dependent": self.seed_dependent, "sources": rows}
+
+    @property
+    def seed_dependent(self) -> bool:
+        """Whether ``--seed`` chose records (a sample, a share, a validation split)."""
+        return bool(self.validation_size) or any(
+            s.share is not None or s.weight != int(s.weight) for s in self.sources)
+
+
+def input_starts(input_records: list[int]) -> np.ndarray:
+    """The first input record number of each input file (and the total at the end)."""
+    return np.concatenate([[0], np.cumsum(np.asarray(input_records, np.int64))]).astype(np.int64)
