@@ -171,7 +171,7 @@ def pack(inputs, tokenizer, output, format_, num_proc, engine, ray_address, push
                      ray_address=ray_address, progress=not quiet, format=format_, layout=layout, **settings)
     for source in manifest.get("mixture", {}).get("sources", []):
         click.echo(f"  {source['name']}: {source['train_sequences']:,} sequences in train "
-                   f"({source["realized_share"]:.2%} of the train tokens), {source['validation_records']:,} in validation")
+                   f"({source['realized_share']:.2%} of the train tokens), {source['validation_records']:,} in validation")
     counts = manifest["counts"]
     click.echo(
         f"read {counts['records']:,} records into {manifest['rows']:,} rows "
@@ -233,6 +233,50 @@ def verify(folder, retokenize, seed, num_proc, as_json):
             click.echo(str(failure), err=True)
     if not report.ok:
         sys.exit(EXIT_VERIFY)
+
+
+@main.command(epilog=EXIT_CODES_HELP)
+@click.argument("folder", type=click.Path(exists=True, file_okay=False))
+@click.option("--output", "-o", required=True, type=click.Path(file_okay=False), help="Output folder.")
+@click.option("--max-len", default=None, type=int, help="Tokens per packed row [default: FOLDER's].")
+@click.option("--strategy", default=None, type=click.Choice(STRATEGIES), help="Packing strategy [default: FOLDER's].")
+@click.option("--seed", default=None, type=int, help="Seed for shuffles [default: FOLDER's].")
+@click.option("--row-order", default=None, type=click.Choice(ROW_ORDERS), help="Order of rows [default: FOLDER's].")
+@_SAMPLES_PER_ROW
+@click.option("--layout", default=_default(pack_, "layout"), show_default=True, type=click.Choice(layout_names()),
+              help="The training stack the shards are laid out for.")
+@click.option("--accept-truncated", is_flag=True,
+              help="Where FOLDER truncated (or dropped) sequences at its --max-len and the new one is longer, "
+              "repack them as stored, cut, instead of refusing; the manifest says so (repacked_from).")
+@click.option("--num-proc", default=None, type=int, help="Writer processes [default: all cores].")
+@click.option("--overwrite", is_flag=True, help="Replace an existing output folder.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
+def repack(folder, output, num_proc, overwrite, quiet, layout, accept_truncated, **settings):
+    """Pack the sequences stored in FOLDER again, with other settings: no tokenizer, no inputs.
+
+    \b
+    The output is byte for byte what `packprep pack` writes with those settings,
+    wherever no sequence was cut: sequences truncated or split at FOLDER's
+    --max-len are not stored whole, so a longer --max-len is refused where
+    FOLDER cut any (see --accept-truncated). A mixture's records, copies and
+    validation split are kept as FOLDER has them.
+
+    \b
+    Examples:
+      packprep repack packed/ -o packed-8k/ --max-len 8192
+      packprep repack packed/ -o packed-bfd/ --strategy bfd --seed 1 --row-order input
+      packprep repack packed/ -o packed-trl/ --layout trl
+    """
+    from .repack import repack as repack_
+
+    manifest = repack_(folder, output, overwrite=overwrite, num_proc=num_proc, progress=not quiet, layout=layout,
+                       accept_truncated=accept_truncated, **settings)
+    click.echo(f"repacked {manifest['sequences']:,} sequences into {manifest['rows']:,} rows "
+               f"(max_len {manifest['config']['max_len']:,}, efficiency {manifest['efficiency']:.2%}) in {output}")
+    if "repacked_from" in manifest:
+        said = manifest["repacked_from"]
+        click.echo(f"  as stored, cut at max_len {said['max_len']:,}: {said['truncated_as_stored']:,} truncated "
+                   f"sequences, {said['dropped_as_stored']:,} dropped records (not what pack would write)")
 
 
 @main.command(epilog=EXIT_CODES_HELP)

@@ -176,10 +176,11 @@ def _pack_into(folder: OutputFolder, encoding: Encoding, config: PackConfig, lay
 
 
 def write_output(tmp, store: TokenStore, ledger: Ledger, config: PackConfig, engine: Engine, progress: bool,
-                 background, described, mixture: Mixture | None = None) -> dict:
+                 background, described, mixture: Mixture | None = None, extra: dict | None = None) -> dict:
     """Pack the store's sequences (the mixture's selection, else each once) into ``tmp``; write the
     manifest and card and verify them; return the manifest. ``described()``: its inputs and tokenizer.
-    ``pack`` and ``repack`` both end here, so that the same store gives the same bytes."""
+    ``pack`` and ``repack`` both end here, so that the same store gives the same bytes; ``extra``:
+    keys added to the manifest."""
     selection = None if mixture is None else mixture.selection
     validation = None
     if selection is not None:
@@ -210,6 +211,7 @@ def write_output(tmp, store: TokenStore, ledger: Ledger, config: PackConfig, eng
         manifest["validation"] = {**validation, "size": mixture.validation_size, "members": membership(
             np.sort(records[selection.validation]), input_starts([i["records"] for i in manifest["inputs"]]))}
     manifest["layout"] = DEFAULT_LAYOUT
+    manifest.update(extra or {})
     (tmp / "packprep.json").write_text(json.dumps(manifest, indent=2) + "\n")
     (tmp / "README.md").write_text(render_card(manifest))
     report = verify(tmp, check_hashes=False, engine=engine, checked=checked)
