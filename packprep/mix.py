@@ -209,19 +209,22 @@ def _share_total(mix, shares, group_of, held_out, lengths, fixed_tokens: int) ->
 
 
 def _to_tokens(lengths: np.ndarray, target: float, rng: np.random.Generator) -> np.ndarray:
-    """Copies of each record whose tokens come nearest ``target``: whole passes over the records, then a
-    seeded random prefix of them."""
+    """Copies of each record whose tokens come nearest ``target``: whole passes over the records, a seeded
+    random prefix of them that stays within the rest, then the one other record that best fills the gap."""
     tokens = int(lengths.sum())
     whole = int(target // tokens)
     copies = np.full(len(lengths), whole, np.int64)
     rest = target - whole * tokens
     order = rng.permutation(len(lengths))
     running = np.cumsum(lengths[order])
-    take = int(np.searchsorted(running, rest))
-    if take < len(order) and (take == 0 and running[0] - rest < rest or take > 0 and
-                              running[take] - rest < rest - running[take - 1]):
-        take += 1  # the next record brings the total nearer the target
+    take = int(np.searchsorted(running, rest, side="right"))
     copies[order[:take]] += 1
+    gap = rest - (int(running[take - 1]) if take else 0)
+    if take < len(order):
+        others = order[take:]
+        best = others[int(np.argmin(np.abs(lengths[others] - gap)))]
+        if abs(int(lengths[best]) - gap) < gap:
+            copies[best] += 1
     return copies
 
 
