@@ -340,7 +340,7 @@ def push(folder, repo_id, private, revision, token, commit_message):
 
 
 @main.command(epilog=EXIT_CODES_HELP)
-@click.argument("inputs", nargs=-1, required=True)
+@click.argument("inputs", nargs=-1)
 @click.option("--tokenizer", "-t", default=None,
               help="Tokenizer folder or Hub id, as for pack (not needed for a packed folder).")
 @click.option("--max-len", "max_lens", multiple=True, type=int,
@@ -359,6 +359,8 @@ def push(folder, repo_id, private, revision, token, commit_message):
 @_SAMPLES_PER_ROW
 @click.option("--partition-size", default=DEFAULT.partition_size, type=int,
               help="Plan as pack --partition-size: each run of this many samples packed on its own.")
+@_MIX
+@_VALIDATION_SIZE
 @_NUM_PROC
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
@@ -384,6 +386,7 @@ def stats(inputs, tokenizer, max_lens, strategies, global_batch_size, epochs, fo
       packprep stats chats.jsonl -t ./llama3 --max-len 2048 --max-len 8192 --global-batch-size 128
       packprep stats a.json b.parquet -t Qwen/Qwen2.5-7B-Instruct --json > plan.json
       packprep stats chats.jsonl -t ./llama3 --plot lengths.png
+      packprep stats --mix mix.yaml -t ./llama3 --validation-size 0.02
       packprep stats packed/
     """
     from .stats import plot, render_text, require_matplotlib

@@ -7,8 +7,8 @@ decided here, after tokenizing (a share needs token counts) and before packing, 
 a copy of one, is in both splits), then each source's copies. Every draw is seeded by ``--seed`` and
 the source's position, and made on the store, which is the same for any ``--num-proc``: so is the
 selection. The training sequences are listed in rounds (every record once, then the records with a
-second copy, ...), which keeps a record's copies apart for the packer; :func:`separate_copies` moves
-any copy the packer still put beside its twin.
+second copy, ...), and each round is packed on its own (:func:`plan_rounds`): a record's copies are
+never in one row, at the cost of at most a part-filled row a round.
 """
 
 from __future__ import annotations
@@ -132,20 +132,29 @@ def check_validation_size(size: float | None) -> None:
 
 @dataclass
 class Selection:
-    """What each split packs, as token-store sequence numbers: ``train`` in packing order (copies in
-    rounds), ``validation`` ascending; ``unsampled``: the accepted sequences neither packs."""
+    """What each split packs, as token-store sequence numbers: ``train`` in rounds (every record with a
+    copy once, ascending; then those with a second; ...: ``round_starts``), ``validation`` ascending;
+    ``unsampled``: the accepted sequences neither packs."""
 
     train: np.ndarray
     validation: np.ndarray
     unsampled: np.ndarray
+    round_starts: np.ndarray  # int64, rounds + 1: where each round of ``train`` starts
+
+    def rounds(self, split: str = "train") -> list[np.ndarray]:
+        """The split's sequences in rounds, none twice in a round (validation: one round)."""
+        if split != "train":
+            return [self.validation]
+        return [self.train[a:b] for a, b in zip(self.round_starts[:-1], self.round_starts[1:])]
 
     @classmethod
     def from_copies(cls, copies: np.ndarray, held_out: np.ndarray) -> "Selection":
         """The selection of ``copies`` (per sequence, in training) and ``held_out`` (a mask)."""
         rounds = [np.flatnonzero(copies > r) for r in range(int(copies.max(initial=0)))]
         train = np.concatenate(rounds) if rounds else np.zeros(0, np.int64)
+        starts = np.concatenate([[0], np.cumsum([len(r) for r in rounds])]).astype(np.int64)
         return cls(train.astype(np.int64), np.flatnonzero(held_out).astype(np.int64),
-                   np.flatnonzero((copies == 0) & ~held_out).astype(np.int64))
+                   np.flatnonzero((copies == 0) & ~held_out).astype(np.int64), starts)
 
     def copies(self, sequences: int) -> np.ndarray:
         return np.bincount(self.train, minlength=sequences)
@@ -228,52 +237,16 @@ def _to_tokens(lengths: np.ndarray, target: float, rng: np.random.Generator) -> 
     return copies
 
 
-def separate_copies(bins: Bins, lengths: np.ndarray) -> Bins:
-    """``bins`` (entries: store sequences) with no sequence twice in a row: each copy beside its twin is
-    swapped with an entry of the same length in another row where neither is (the rows keep their
-    lengths), else moved to a row of its own."""
-    items, offsets = bins.items.astype(np.int64), bins.offsets
-    row = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
-    order = np.lexsort((items, row))
-    twin = (row[order][1:] == row[order][:-1]) & (items[order][1:] == items[order][:-1])
-    if not twin.any():
-        return bins
-    entry_len = bins.entry_lengths(lengths)
-    items, starts = bins.items.copy(), None if bins.starts is None else bins.starts.copy()
-    plens = None if bins.lengths is None else bins.lengths.copy()
-    alone = []
-    by_length = {}
-    for entry in np.sort(order[1:][twin]).tolist():
-        here = row[entry]
-        if not _in_row(items, offsets, here, items[entry], skip=entry):
-            continue  # an earlier swap already parted it from its twin
-        if entry_len[entry] not in by_length:
-            by_length[entry_len[entry]] = np.flatnonzero(entry_len == entry_len[entry]).tolist()
-        for other in by_length[entry_len[entry]]:
-            there = row[other]
-            if there != here and not _in_row(items, offsets, there, items[entry]) \
-                    and not _in_row(items, offsets, here, items[other]):
-                for array in (items, starts, plens):
-                    if array is not None:
-                        array[entry], array[other] = array[other], array[entry]
-                break
-        else:
-            alone.append(entry)
-    if not alone:
-        return Bins(items, offsets, starts, plens)
-    keep = np.ones(len(items), bool)
-    keep[alone] = False
-    sizes = np.bincount(row[keep], minlength=len(offsets) - 1)
-    new_offsets = np.concatenate([[0], np.cumsum(np.concatenate([sizes, np.ones(len(alone), np.int64)]))])
-    pick = np.concatenate([np.flatnonzero(keep), np.array(alone, np.int64)])
-    return Bins(items[pick], new_offsets.astype(np.int64), None if starts is None else starts[pick],
-                None if plens is None else plens[pick])
-
-
-def _in_row(items: np.ndarray, offsets: np.ndarray, row: int, item: int, skip: int = -1) -> bool:
-    lo, hi = offsets[row], offsets[row + 1]
-    found = np.flatnonzero(items[lo:hi] == item) + lo
-    return bool(len(found[found != skip]))
+def plan_rounds(lengths: np.ndarray, rounds: list[np.ndarray], plan) -> Bins:
+    """The bins of each round (store sequences, none twice in a round) planned on its own by ``plan``
+    (lengths -> Bins), in round order, over store sequences: a copy is never in a row with its twin."""
+    parts = [plan(lengths[members]) for members in rounds]
+    items = np.concatenate([members[part.items] for members, part in zip(rounds, parts)] or [np.zeros(0, np.int64)])
+    sizes = np.concatenate([np.diff(part.offsets) for part in parts] or [np.zeros(0, np.int64)])
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    if not parts or parts[0].starts is None:
+        return Bins(items, offsets)
+    return Bins(items, offsets, np.concatenate([p.starts for p in parts]), np.concatenate([p.lengths for p in parts]))
 
 
 @dataclass

@@ -28,7 +28,7 @@ from .plan import check_overlong, check_strategy, overlong_fates, plan_bins
 from .progress import Progress
 from .read import Part, Source, file_sha256, resolve_inputs
 from .tokenize import BACKENDS, IGNORE_INDEX, TRAIN_ON, tokenizer_fingerprint
-from .mix import UNSAMPLED, Mixture, check_validation_size, input_starts, load_mix, resolve_mix, separate_copies
+from .mix import UNSAMPLED, Mixture, check_validation_size, input_starts, load_mix, plan_rounds, resolve_mix
 from .split import membership
 from .verify import ShardContext, verify
 from .write import SHARD_FORMATS, OutputFolder, parse_size, write_shards
@@ -186,8 +186,8 @@ def write_output(tmp, store: TokenStore, ledger: Ledger, config: PackConfig, eng
     if selection is not None:
         np.frombuffer(ledger.status, dtype=np.uint8)[store.source_index(selection.unsampled)] = UNSAMPLED
         if len(selection.validation):  # first: the token cache is removed once train is written
-            validation = _write_split(tmp, store, ledger, config, engine, progress, selection.validation)
-    segments = _segments(_pack(store, config, ledger, None if selection is None else selection.train), store)
+            validation = _write_split(tmp, store, ledger, config, engine, progress, selection.rounds("validation"))
+    segments = _segments(_pack(store, config, ledger, None if selection is None else selection.rounds()), store)
     with Progress(progress, segments.offsets.size - 1, "write", "rows") as bar:
         check = ShardContext(tmp, DEFAULT_LAYOUT, config.max_len,
                              STRATEGY_TABLE[config.strategy].rows_may_exceed_max_len, False, len(ledger.status))
@@ -221,9 +221,9 @@ def write_output(tmp, store: TokenStore, ledger: Ledger, config: PackConfig, eng
 
 
 def _write_split(tmp, store: TokenStore, ledger: Ledger, config: PackConfig, engine: Engine, progress: bool,
-                 selection: np.ndarray, split: str = "validation") -> dict:
-    """Pack and write the sequences ``selection`` as ``split``'s shards; return its manifest entry."""
-    segments = _segments(_pack(store, config, ledger, selection), store)
+                 rounds: list[np.ndarray], split: str = "validation") -> dict:
+    """Pack and write the sequences ``rounds`` as ``split``'s shards; return its manifest entry."""
+    segments = _segments(_pack(store, config, ledger, rounds), store)
     with Progress(progress, segments.offsets.size - 1, f"write {split}", "rows") as bar:
         shards, _ = write_shards(tmp, store, segments, config.max_len, config.shard_format,
                                  parse_size(config.shard_size), bar, engine, split=split)
@@ -317,16 +317,14 @@ def _rejected(ledger: Ledger) -> np.ndarray:
     return np.flatnonzero(np.frombuffer(ledger.status, dtype=np.uint8) == REJECTED)
 
 
-def _pack(store: TokenStore, config: PackConfig, ledger: Ledger, selection: np.ndarray | None = None) -> Bins:
-    """The ordered bins of the store's sequences, or of ``selection`` (store sequences, repeats allowed:
-    a copy never shares a row with its twin)."""
+def _pack(store: TokenStore, config: PackConfig, ledger: Ledger, rounds: list[np.ndarray] | None = None) -> Bins:
+    """The ordered bins of the store's sequences, or of a selection's ``rounds`` (store sequences, each
+    round planned on its own: a copy never shares a row with its twin)."""
     lengths = store.lengths
-    chosen = lengths if selection is None else lengths[selection]
-    bins = plan_bins(chosen, config.max_len, config.strategy, seed=config.seed, samples_per_row=config.samples_per_row,
-                     overlong=config.overlong, partition_size=config.partition_size)
-    del chosen
-    if selection is not None:
-        bins = separate_copies(Bins(selection[bins.items], bins.offsets, bins.starts, bins.lengths), lengths)
+    plan = partial(plan_bins, max_len=config.max_len, strategy=config.strategy, seed=config.seed,
+                   samples_per_row=config.samples_per_row, overlong=config.overlong,
+                   partition_size=config.partition_size)
+    bins = plan(lengths) if rounds is None else plan_rounds(lengths, rounds, plan)
     if bins.lengths is not None:  # pieces exist: mark the records that were cut
         cut = bins.lengths < lengths[bins.items]
         for source_index in np.unique(store.source_index(bins.items[cut])).tolist():

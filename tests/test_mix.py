@@ -14,8 +14,7 @@ from click.testing import CliRunner
 import packprep
 from packprep.cli import main
 from packprep.errors import EXIT_CONFIG
-from packprep.mix import separate_copies
-from packprep.packing import Bins
+from packprep.mix import plan_rounds
 
 from .conftest import CONVERSATIONS, EXAMPLE_TOKENIZER, needs_fixtures
 
@@ -151,19 +150,17 @@ def test_verify_finds_a_record_in_both_splits(tmp_path):
     assert not report.ok and any(f.check == "split" for f in report.failures)
 
 
-def test_separate_copies_swaps_a_twin_with_an_equal_length_entry():
-    lengths = np.array([3, 3, 4], np.int32)
-    # row 0 holds sequence 0 twice; row 1 holds sequence 1 (same length) and 2
-    bins = separate_copies(Bins(np.array([0, 0, 1, 2], np.int32), np.array([0, 2, 4])), lengths)
-    rows = [bins.items[a:b].tolist() for a, b in zip(bins.offsets[:-1], bins.offsets[1:])]
-    assert rows == [[0, 1], [0, 2]]  # the second copy changed places with sequence 1
+def test_each_round_is_planned_on_its_own_so_copies_never_share_a_row():
+    from packprep.plan import plan_bins
 
-
-def test_separate_copies_moves_a_twin_with_no_partner_to_a_row_of_its_own():
-    lengths = np.array([3, 5], np.int32)
-    bins = separate_copies(Bins(np.array([0, 0, 1], np.int32), np.array([0, 2, 3])), lengths)
-    rows = [bins.items[a:b].tolist() for a, b in zip(bins.offsets[:-1], bins.offsets[1:])]
-    assert rows == [[0], [1], [0]]
+    lengths = np.array([2, 9, 9], np.int32)
+    rounds = [np.array([0, 1, 2]), np.array([0])]  # sequence 0 twice: greedy over all puts the copies in one row
+    alone = plan_bins(lengths[np.concatenate(rounds)], 10, "greedy")
+    twins = np.concatenate(rounds)[alone.items]
+    assert any(len(set(twins[a:b])) < b - a for a, b in zip(alone.offsets[:-1], alone.offsets[1:]))
+    bins = plan_rounds(lengths, rounds, lambda chosen: plan_bins(chosen, 10, "greedy"))
+    rows = [sorted(bins.items[a:b].tolist()) for a, b in zip(bins.offsets[:-1], bins.offsets[1:])]
+    assert sorted(rows) == [[0], [0], [1], [2]]
 
 
 @pytest.mark.parametrize("sources, message", [
@@ -183,3 +180,23 @@ def test_bad_mixture_files_are_refused_in_one_line(tmp_path, sources, message):
     assert message in result.output and "Traceback" not in result.output
     assert not (tmp_path / "out").exists()
 
+
+
+@needs_fixtures
+def test_stats_shows_the_mixture_pack_makes(tmp_path):
+    sources = [{"path": str(CONVERSATIONS / FILES["fastchat"]), "name": "fastchat", "weight": 2.5},
+               {"path": str(CONVERSATIONS / FILES["glaive"]), "name": "glaive", "share": 0.4}]
+    mix = mix_file(tmp_path, sources)
+    report = packprep.stats([], TOKENIZER, [512, 1024], ["greedy"], mix=mix, validation_size=0.05, num_proc=1)
+    manifest = packprep.pack([], str(tmp_path / "out"), TOKENIZER, max_len=1024, mix=mix, validation_size=0.05,
+                             num_proc=1)
+    keys = ("train_sequences", "validation_records", "train_tokens", "realized_share")
+    assert [{k: s[k] for k in keys} for s in report["mixture"]["sources"]] == \
+        [{k: s[k] for k in keys} for s in manifest["mixture"]["sources"]]
+    at_1024 = next(row for row in report["what_if"]["rows"] if row["max_len"] == 1024)
+    assert at_1024["tokens"] == manifest["tokens"]["total"]
+    # pack plans each round of copies on its own (a part-filled row a round at most); the what-if all at once
+    assert 0 <= manifest["rows"] - at_1024["rows"] <= 4
+    text = CliRunner().invoke(main, ["stats", "--mix", mix, "-t", TOKENIZER, "--validation-size", "0.05", "-q",
+                                     "--num-proc", "1", "--max-len", "1024"]).output
+    assert "mixture (training split at max_len 1,024" in text and "share 0.4" in text

@@ -71,6 +71,8 @@ def stats(
     *,
     num_proc: int | None = None,
     progress: bool = False,
+    mix: str | None = None,
+    validation_size: float | None = None,
     **settings,
 ) -> dict:
     """Length statistics and the what-if table for ``inputs``, tokenized as ``pack`` would.
@@ -79,14 +81,16 @@ def stats(
     (``format``, ``messages_field``, ``text_field``, ``train_on``, ``on_error``) and the what-if
     (``overlong``, ``seed``, ``samples_per_row``). ``max_lens`` and ``strategies`` default to
     :data:`DEFAULT_MAX_LENS` and :data:`DEFAULT_STRATEGIES`. Nothing is written. Returns a
-    JSON-ready dict (``kind: "inputs"``) that :func:`render_text` and :func:`plot` draw; for a
+    JSON-ready dict (``kind: "inputs"``) that :func:`render_text` and :func:`plot` draw; ``mix`` and
+    ``validation_size`` as ``pack``'s: the report then has a ``mixture`` table and plans the training
+    split the mixture makes (``stats/mixture.py``). For a
     single packed output folder (holding ``packprep.json``), :func:`stats_folder`'s report.
     """
     from ..pipeline import PackConfig
     from ..read import resolve_inputs
 
     paths = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
-    if len(paths) == 1 and is_packed_folder(paths[0]):
+    if len(paths) == 1 and is_packed_folder(paths[0]) and mix is None:
         return stats_folder(paths[0], global_batch_size=global_batch_size, epochs=epochs)
     if not tokenizer:
         raise ConfigError("--tokenizer is required for input files (only a packed folder, holding "
@@ -98,20 +102,37 @@ def stats(
         settings.get("overlong", "truncate"), settings.get("samples_per_row"),
     )
     config = PackConfig.from_settings({**settings, "max_len": max(max_lens)}, "stats")
-    sources = resolve_inputs([str(path) for path in paths])
+    mixture = None
+    if mix is not None or validation_size:
+        from ..mix import Mixture, check_validation_size, load_mix, resolve_mix
+
+        check_validation_size(validation_size)
+        mixture = Mixture(load_mix(mix, [str(path) for path in paths]), [], validation_size)
+        sources, mixture.groups = resolve_mix(mixture.sources)
+    else:
+        sources = resolve_inputs([str(path) for path in paths])
     encoding = Encoding.open(sources, tokenizer, config, min(max_lens))
     tally = Ledger(config.on_error)
     engine = make_engine("local", num_proc)
     collected = collect_inputs(encoding, tally, max_lens, engine, progress)
     lengths, supervised, turns = collected.lengths, collected.supervised, collected.turns
-    table = what_if(
-        lengths, supervised, max_lens, strategies,
-        supervised_within=collected.within, split_masked=collected.masked, overlong=config.overlong, seed=config.seed,
-        samples_per_row=config.samples_per_row, partition_size=config.partition_size,
-        global_batch_size=global_batch_size, epochs=epochs,
-    )
+    if mixture is None:
+        table = what_if(
+            lengths, supervised, max_lens, strategies,
+            supervised_within=collected.within, split_masked=collected.masked, overlong=config.overlong,
+            seed=config.seed, samples_per_row=config.samples_per_row, partition_size=config.partition_size,
+            global_batch_size=global_batch_size, epochs=epochs,
+        )
+    else:
+        from .mixture import mixture_what_if
+
+        from ..encode import REJECTED
+
+        records = np.flatnonzero(np.frombuffer(tally.status, np.uint8) != REJECTED)  # of the conversations
+        mixed, table = mixture_what_if(mixture, collected, records, [s.records for s in sources], list(max_lens),
+                                       list(strategies), config, global_batch_size=global_batch_size, epochs=epochs)
     rejected = sum(tally.reasons.values())
-    return {
+    report = {
         "kind": "inputs",
         "inputs": [{"path": s.path, "format": tally.formats_seen(number, f), "records": s.records}
                    for number, (s, f) in enumerate(zip(sources, encoding.formats))],
@@ -139,6 +160,9 @@ def stats(
             "rows": table,
         },
     }
+    if mixture is not None:
+        report["mixture"] = mixed
+    return report
 
 
 def is_packed_folder(path: str | os.PathLike) -> bool:
