@@ -401,7 +401,8 @@ trainer = Trainer(model=model, args=TrainingArguments(output_dir="out", per_devi
 check_pipeline(trainer, data="packed/")   # first: runs a packed row through this trainer's own path
 trainer.train()
 ```
-`collate_packed` concatenates the batch's rows into one `(1, T)` row with restarted `position_ids`,
+With `--validation-size`, add `eval_dataset=load_dataset("packed/", split="validation")`: packed the same
+way, and no record in both splits. `collate_packed` concatenates the batch's rows into one `(1, T)` row with restarted `position_ids`,
 no `attention_mask` and `use_cache=False`. What breaks packing here: the default collator (a
 tokenizer's `DataCollatorWithPadding` adds an all-ones `attention_mask`), `DataCollatorWithFlattening`
 (recomputes `position_ids` per packed row, merging its sequences), and `use_cache=True`
@@ -420,7 +421,8 @@ trainer = SFTTrainer(model=model, args=args, train_dataset=load_dataset("packed/
 check_pipeline(trainer, data="packed/")   # first: runs a packed row through this trainer's own path
 trainer.train()
 ```
-Rows carry `seq_lengths`, which TRL's padding-free collator turns into restarted `position_ids`
+With `--validation-size`, add `eval_dataset=load_dataset("packed/", split="validation")`: packed the same
+way, and no record in both splits. Rows carry `seq_lengths`, which TRL's padding-free collator turns into restarted `position_ids`
 (and `cu_seq_lens_*`); `remove_unused_columns` keeps it. What breaks packing here:
 `padding_free=False` (the default: an all-ones `attention_mask`, the row is one sequence),
 `max_length` (default 1024: rows are cut, and TRL refuses it with `padding_free`), `packing=True`

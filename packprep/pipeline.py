@@ -20,7 +20,7 @@ from .card import length_histograms, render_card
 from .encode import FATES, PACKED, REJECTED, SPLIT, TRUNCATED, Encoding, Ledger
 from .engines import Engine, make_engine
 from .errors import ConfigError, InputError
-from .layout import DEFAULT_LAYOUT, get_layout
+from .layout import DEFAULT_LAYOUT, FILES, get_layout
 from .materialize import Segments, TokenSpill, TokenStore
 from .normalize import CHANGES, CONSECUTIVE, FORMATS, LEADING, SYSTEM, Rejected
 from .packing import ROW_ORDERS, STRATEGY_TABLE, Bins, lower_bound, order_bins
@@ -128,6 +128,9 @@ def pack(
     mixture = None
     if mix is not None or validation_size:
         check_validation_size(validation_size)
+        if validation_size and layout.writes == FILES:
+            raise ConfigError(f"--layout {layout.name} writes files of its own, with no validation split: pack "
+                              "without --validation-size for it, or choose a layout of tables")
         mix_sources = load_mix(mix, inputs)
         if not mix_sources:
             raise ConfigError("no input given: pass input files, or --mix with a mixture file")
