@@ -120,6 +120,14 @@ def _inputs_text(manifest: dict) -> str:
     return "\n".join(lines) or "- (none)"
 
 
+def _validation_yaml(validation: dict | None, fmt: str) -> tuple[str, str]:
+    """The card's YAML lines of a validation split: its files, and its size."""
+    if not validation:
+        return "", ""
+    return (f"  - split: validation\n    path: data/validation-*.{fmt}\n",
+            f"  - name: validation\n    num_bytes: {_arrow_bytes(validation)}\n    num_examples: {validation['rows']}\n")
+
+
 def _mixture_section(manifest: dict) -> str:
     """The mixture (``pack --mix``) and the validation split, where the run had them."""
     text = ""
@@ -170,10 +178,7 @@ def render_card(manifest: dict) -> str:
     total_bytes = sum(shard["bytes"] for shard in manifest["shards"])
     arrow_bytes = _arrow_bytes(manifest)
     template_hash = (tok.get("chat_template_sha256") or "none")[:16]
-    validation = manifest.get("validation")
-    validation_files = f"  - split: validation\n    path: data/validation-*.{fmt}\n" if validation else ""
-    validation_split = (f"  - name: validation\n    num_bytes: {_arrow_bytes(validation)}\n"
-                        f"    num_examples: {validation['rows']}\n") if validation else ""
+    validation_files, validation_split = _validation_yaml(manifest.get("validation"), fmt)
     # a layout of other files (e.g. .npy) is no table the Hub's loader reads: no configs, no features
     loadable = "" if layout.writes == FILES else f"""configs:
 - config_name: default

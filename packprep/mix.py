@@ -114,6 +114,19 @@ def _number(value, key: str, where: str) -> float:
     return float(value)
 
 
+def open_inputs(inputs: list[str], mix: str | None, validation_size: float | None) -> tuple[list[Source], "Mixture | None"]:
+    """The input files of a run, and its mixture where it has one (``--mix`` or ``--validation-size``)."""
+    if mix is None and not validation_size:
+        return resolve_inputs(inputs), None
+    check_validation_size(validation_size)
+    sources = load_mix(mix, inputs)
+    if not sources:
+        raise ConfigError("no input given: pass input files, or --mix with a mixture file")
+    mixture = Mixture(sources, [], validation_size)
+    files, mixture.groups = resolve_mix(sources)
+    return files, mixture
+
+
 def resolve_mix(mix: list[MixSource]) -> tuple[list[Source], list[int]]:
     """The input files of every source, in order, and the source each file belongs to."""
     files, groups = [], []

@@ -28,7 +28,7 @@ from .plan import check_overlong, check_strategy, overlong_fates, plan_bins
 from .progress import Progress
 from .read import Part, Source, file_sha256, resolve_inputs
 from .tokenize import BACKENDS, IGNORE_INDEX, TRAIN_ON, tokenizer_fingerprint
-from .mix import UNSAMPLED, Mixture, check_validation_size, input_starts, load_mix, plan_rounds, resolve_mix
+from .mix import UNSAMPLED, Mixture, input_starts, open_inputs, plan_rounds
 from .split import membership
 from .verify import ShardContext, verify
 from .write import SHARD_FORMATS, OutputFolder, parse_size, write_shards
@@ -124,20 +124,10 @@ def pack(
     """
     config = PackConfig.from_settings(settings)
     layout = get_layout(layout)
-    inputs = [inputs] if isinstance(inputs, str) else list(inputs)
-    mixture = None
-    if mix is not None or validation_size:
-        check_validation_size(validation_size)
-        if validation_size and layout.writes == FILES:
-            raise ConfigError(f"--layout {layout.name} writes files of its own, with no validation split: pack "
-                              "without --validation-size for it, or choose a layout of tables")
-        mix_sources = load_mix(mix, inputs)
-        if not mix_sources:
-            raise ConfigError("no input given: pass input files, or --mix with a mixture file")
-        mixture = Mixture(mix_sources, [], validation_size)
-        sources, mixture.groups = resolve_mix(mix_sources)
-    else:
-        sources = resolve_inputs(inputs)
+    if validation_size and layout.writes == FILES:
+        raise ConfigError(f"--layout {layout.name} writes files of its own, with no validation split: pack "
+                          "without --validation-size for it, or choose a layout of tables")
+    sources, mixture = open_inputs([inputs] if isinstance(inputs, str) else list(inputs), mix, validation_size)
     folder = OutputFolder(output, overwrite)
     folder.check()
     runner = make_engine(engine, num_proc, ray_address)

@@ -42,6 +42,7 @@ from ..engines import make_engine
 from ..errors import ConfigError
 from ..normalize import CHANGES
 from .collect import collect_folder, collect_inputs, distribution, log_histogram
+from .mixture import mixture_what_if
 from .plot import plot, require_matplotlib
 from .report import render_text
 from .whatif import DEFAULT_MAX_LENS, DEFAULT_STRATEGIES, check_plan, what_if
@@ -80,14 +81,13 @@ def stats(
     ``settings`` are the :class:`packprep.PackConfig` fields that shape reading and tokenizing
     (``format``, ``messages_field``, ``text_field``, ``train_on``, ``on_error``) and the what-if
     (``overlong``, ``seed``, ``samples_per_row``). ``max_lens`` and ``strategies`` default to
-    :data:`DEFAULT_MAX_LENS` and :data:`DEFAULT_STRATEGIES`. Nothing is written. Returns a
-    JSON-ready dict (``kind: "inputs"``) that :func:`render_text` and :func:`plot` draw; ``mix`` and
-    ``validation_size`` as ``pack``'s: the report then has a ``mixture`` table and plans the training
-    split the mixture makes (``stats/mixture.py``). For a
-    single packed output folder (holding ``packprep.json``), :func:`stats_folder`'s report.
+    :data:`DEFAULT_MAX_LENS` and :data:`DEFAULT_STRATEGIES`; ``mix``, ``validation_size`` as pack's (a
+    ``mixture`` table; the what-if of the training split). Nothing is written. Returns a JSON-ready dict
+    (``kind: "inputs"``) that :func:`render_text` and :func:`plot` draw; for a single packed output
+    folder (holding ``packprep.json``), :func:`stats_folder`'s report.
     """
+    from ..mix import open_inputs
     from ..pipeline import PackConfig
-    from ..read import resolve_inputs
 
     paths = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
     if len(paths) == 1 and is_packed_folder(paths[0]) and mix is None:
@@ -95,44 +95,25 @@ def stats(
     if not tokenizer:
         raise ConfigError("--tokenizer is required for input files (only a packed folder, holding "
                           "packprep.json, needs none)")
-    max_lens = DEFAULT_MAX_LENS if max_lens is None else max_lens
-    strategies = DEFAULT_STRATEGIES if strategies is None else strategies
-    max_lens, strategies = check_plan(
-        max_lens, strategies, global_batch_size, epochs,
-        settings.get("overlong", "truncate"), settings.get("samples_per_row"),
-    )
+    max_lens, strategies = check_plan(DEFAULT_MAX_LENS if max_lens is None else max_lens,
+                                      DEFAULT_STRATEGIES if strategies is None else strategies, global_batch_size,
+                                      epochs, settings.get("overlong", "truncate"), settings.get("samples_per_row"))
     config = PackConfig.from_settings({**settings, "max_len": max(max_lens)}, "stats")
-    mixture = None
-    if mix is not None or validation_size:
-        from ..mix import Mixture, check_validation_size, load_mix, resolve_mix
-
-        check_validation_size(validation_size)
-        mixture = Mixture(load_mix(mix, [str(path) for path in paths]), [], validation_size)
-        sources, mixture.groups = resolve_mix(mixture.sources)
-    else:
-        sources = resolve_inputs([str(path) for path in paths])
+    sources, mixture = open_inputs([str(path) for path in paths], mix, validation_size)
     encoding = Encoding.open(sources, tokenizer, config, min(max_lens))
     tally = Ledger(config.on_error)
     engine = make_engine("local", num_proc)
     collected = collect_inputs(encoding, tally, max_lens, engine, progress)
     lengths, supervised, turns = collected.lengths, collected.supervised, collected.turns
+    plan = dict(overlong=config.overlong, seed=config.seed, samples_per_row=config.samples_per_row,
+                partition_size=config.partition_size, global_batch_size=global_batch_size, epochs=epochs)
     if mixture is None:
-        table = what_if(
-            lengths, supervised, max_lens, strategies,
-            supervised_within=collected.within, split_masked=collected.masked, overlong=config.overlong,
-            seed=config.seed, samples_per_row=config.samples_per_row, partition_size=config.partition_size,
-            global_batch_size=global_batch_size, epochs=epochs,
-        )
-    else:
-        from .mixture import mixture_what_if
-
-        from ..encode import REJECTED
-
-        records = np.flatnonzero(np.frombuffer(tally.status, np.uint8) != REJECTED)  # of the conversations
-        mixed, table = mixture_what_if(mixture, collected, records, [s.records for s in sources], list(max_lens),
-                                       list(strategies), config, global_batch_size=global_batch_size, epochs=epochs)
+        mixed, table = None, what_if(lengths, supervised, max_lens, strategies, supervised_within=collected.within,
+                                     split_masked=collected.masked, **plan)
+    else:  # the training split the mixture makes at each max_len
+        mixed, table = mixture_what_if(mixture, collected, tally, sources, list(max_lens), list(strategies), **plan)
     rejected = sum(tally.reasons.values())
-    report = {
+    return {
         "kind": "inputs",
         "inputs": [{"path": s.path, "format": tally.formats_seen(number, f), "records": s.records}
                    for number, (s, f) in enumerate(zip(sources, encoding.formats))],
@@ -159,10 +140,8 @@ def stats(
             "seed": config.seed,
             "rows": table,
         },
+        **({"mixture": mixed} if mixture is not None else {}),
     }
-    if mixture is not None:
-        report["mixture"] = mixed
-    return report
 
 
 def is_packed_folder(path: str | os.PathLike) -> bool:

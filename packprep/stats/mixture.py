@@ -11,30 +11,30 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..encode import REJECTED
 from ..mix import Mixture, plan_selection
 from ..plan import DROPPED, EMPTIED, overlong_fates
 from .whatif import what_if
 
 
-def mixture_what_if(mixture: Mixture, collected, records: np.ndarray, input_records: list[int],
-                    max_lens: list[int], strategies: list[str], config, **plan) -> tuple[dict, list[dict]]:
+def mixture_what_if(mixture: Mixture, collected, tally, sources, max_lens: list[int], strategies: list[str],
+                    *, overlong: str, seed: int, **plan) -> tuple[dict, list[dict]]:
     """(the per-source table, the what-if rows) of ``collected`` (stats' lengths of the accepted
-    conversations; ``records``: each one's input record number) under ``mixture``."""
-    group_of = mixture.group_of(records, input_records)
+    conversations, ``tally`` their ledger) under ``mixture``."""
+    records = np.flatnonzero(np.frombuffer(tally.status, np.uint8) != REJECTED)  # each conversation's
+    group_of = mixture.group_of(records, [source.records for source in sources])
     rows, table = [], None
     for max_len in sorted(max_lens):
         lengths = collected.lengths
-        fates = overlong_fates(lengths, max_len, config.overlong, collected.within[max_len])
+        fates = overlong_fates(lengths, max_len, overlong, collected.within[max_len])
         kept = np.flatnonzero((fates != DROPPED) & (fates != EMPTIED))
-        clipped = np.minimum(lengths, max_len) if config.overlong == "truncate" else lengths
-        selection = plan_selection(mixture.sources, group_of[kept], clipped[kept], config.seed,
-                                   mixture.validation_size)
+        clipped = np.minimum(lengths, max_len) if overlong == "truncate" else lengths
+        selection = plan_selection(mixture.sources, group_of[kept], clipped[kept], seed, mixture.validation_size)
         train = kept[selection.train]
         rows += what_if(lengths[train], collected.supervised[train], [max_len], strategies,
                         supervised_within={max_len: collected.within[max_len][train]},
-                        split_masked={max_len: collected.masked[max_len][train]}, overlong=config.overlong,
-                        seed=config.seed, samples_per_row=config.samples_per_row,
-                        partition_size=config.partition_size, **plan)
+                        split_masked={max_len: collected.masked[max_len][train]}, overlong=overlong, seed=seed,
+                        **plan)
         table = _table(mixture, group_of, lengths, kept, clipped, selection)
     return {"max_len": max(max_lens), "validation_size": mixture.validation_size, "sources": table}, rows
 
