@@ -58,10 +58,13 @@ def test_repack_equals_pack_byte_for_byte(base, tmp_path, strategy, max_len):
 
 
 @needs_fixtures
-def test_repack_into_another_layout_equals_pack(base, tmp_path):
+def test_repack_into_and_from_another_layout_equals_pack(base, tmp_path):
     packprep.pack(INPUTS, str(tmp_path / "packed"), TOKENIZER, max_len=2048, layout="trl", num_proc=1)
     repack(base, tmp_path / "repacked", max_len=2048, layout="trl", num_proc=1)
     assert files(tmp_path / "repacked") == files(tmp_path / "packed")
+    packprep.pack(INPUTS, str(tmp_path / "packed-bfd"), TOKENIZER, max_len=2048, strategy="bfd", num_proc=1)
+    repack(tmp_path / "packed", tmp_path / "from-trl", strategy="bfd", num_proc=1)  # trl's column names read back
+    assert files(tmp_path / "from-trl") == files(tmp_path / "packed-bfd")
 
 
 @needs_fixtures
