@@ -9,8 +9,8 @@ turns each: many sequences, few tokens) are packed at ``--max-len`` (the folder 
 the new settings (``--to-max-len``, ``--to-strategy``) are made twice: ``packprep pack`` from the
 inputs (read, tokenize, pack, write, verify) and ``packprep repack`` from the folder (read the
 stored rows, pack, write, verify). Each is a fresh ``python -m packprep`` process; the table gives
-its wall time and the peak RSS of its driver process (``wait4``), and whether the two new folders
-are byte for byte the same (they are, where no sequence was cut).
+its wall time and its peak memory (PSS of the process and its workers, as ``bench_scale``), and
+whether the two new folders are byte for byte the same (they are, where no sequence was cut).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import filecmp
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -27,17 +26,24 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_scale import EXAMPLE_TOKENIZER, generate  # noqa: E402
+from bench_scale import EXAMPLE_TOKENIZER, _Sampler, generate  # noqa: E402
 
 
 def run(args: list[str]) -> tuple[float, int]:
-    """Wall seconds and the driver's peak RSS (MiB) of ``python -m packprep ARGS``."""
+    """Wall seconds and the peak memory (MiB, PSS of the process and its workers, sampled every 0.1 s)
+    of ``python -m packprep ARGS``."""
     started = time.perf_counter()
     process = subprocess.Popen([sys.executable, "-m", "packprep", *args], stdout=subprocess.DEVNULL)
-    _, status, usage = os.wait4(process.pid, 0)
-    if os.waitstatus_to_exitcode(status) != 0:
+    peak = 0
+    while process.poll() is None:
+        tree, pids = _Sampler._children(), [process.pid]
+        for pid in pids:
+            pids += tree.get(pid, [])
+        peak = max(peak, sum(_Sampler._kib(pid) for pid in pids))
+        time.sleep(0.1)
+    if process.returncode != 0:
         raise SystemExit(f"packprep {' '.join(args)} failed")
-    return time.perf_counter() - started, usage.ru_maxrss // 1024
+    return time.perf_counter() - started, peak // 1024
 
 
 def same_tree(a: Path, b: Path) -> bool:
@@ -73,7 +79,7 @@ def main() -> None:
         print(f"{args.n:,} conversations ({described['bytes'] / 1e6:,.0f} MB of JSONL, {manifest['tokens']['total']:,} "
               f"tokens), {manifest['sequences']:,} sequences; "
               f"{args.num_proc} processes; --max-len {args.max_len} -> {args.to_max_len}, --strategy {args.to_strategy}\n")
-        print("| step | wall s | driver peak RSS MiB |\n|---|---:|---:|")
+        print("| step | wall s | peak memory (PSS, MiB) |\n|---|---:|---:|")
         print(f"| pack from the inputs at {args.max_len} (the folder) | {first[0]:.1f} | {first[1]:,} |")
         print(f"| pack from the inputs at {args.to_max_len} | {packed[0]:.1f} | {packed[1]:,} |")
         print(f"| repack the folder at {args.to_max_len} | {repacked[0]:.1f} | {repacked[1]:,} |")

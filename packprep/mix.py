@@ -276,6 +276,9 @@ class Mixture:
         """Plan the selection of the store's sequences (``records``: each one's input record number)."""
         self.selection = plan_selection(self.sources, self.group_of(records, input_records), lengths, seed,
                                         self.validation_size)
+        if not len(self.selection.train):
+            raise ConfigError("the mixture leaves no record to train on (every weight is 0, or its sources have "
+                              "no accepted record); give a source a weight above 0")
         return self.selection
 
     def group_of(self, records: np.ndarray, input_records: list[int]) -> np.ndarray:

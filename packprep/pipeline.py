@@ -26,7 +26,7 @@ from .normalize import CHANGES, CONSECUTIVE, FORMATS, LEADING, SYSTEM, Rejected
 from .packing import ROW_ORDERS, STRATEGY_TABLE, Bins, lower_bound, order_bins
 from .plan import check_overlong, check_strategy, overlong_fates, plan_bins
 from .progress import Progress
-from .read import Part, Source, file_sha256, resolve_inputs
+from .read import Part, Source, file_sha256
 from .tokenize import BACKENDS, IGNORE_INDEX, TRAIN_ON, tokenizer_fingerprint
 from .mix import UNSAMPLED, Mixture, input_starts, open_inputs, plan_rounds
 from .split import membership
@@ -180,7 +180,9 @@ def write_output(tmp, store: TokenStore, ledger: Ledger, config: PackConfig, eng
         np.frombuffer(ledger.status, dtype=np.uint8)[store.source_index(selection.unsampled)] = UNSAMPLED
         if len(selection.validation):  # first: the token cache is removed once train is written
             validation = _write_split(tmp, store, ledger, config, engine, progress, selection.rounds("validation"))
-    segments = _segments(_pack(store, config, ledger, None if selection is None else selection.rounds()), store)
+    with Progress(progress, len(store), "pack", "seq") as bar:
+        segments = _segments(_pack(store, config, ledger, None if selection is None else selection.rounds()), store)
+        bar.update(len(store))
     with Progress(progress, segments.offsets.size - 1, "write", "rows") as bar:
         check = ShardContext(tmp, DEFAULT_LAYOUT, config.max_len,
                              STRATEGY_TABLE[config.strategy].rows_may_exceed_max_len, False, len(ledger.status))

@@ -169,6 +169,7 @@ def test_each_round_is_planned_on_its_own_so_copies_never_share_a_row():
     ([{"path": "x.jsonl", "weight": -1}], "weight must be 0 or more"),
     ([{"path": "x.jsonl", "share": 0.5}, {"path": "y.jsonl", "share": 0.4}], "add up to 0.9"),
     ([{"weight": 1}], "needs a 'path'"),
+    ([{"path": "x.jsonl", "weight": 0}], "leaves no record to train on"),
 ])
 def test_bad_mixture_files_are_refused_in_one_line(tmp_path, sources, message):
     for name in ("x.jsonl", "y.jsonl"):
