@@ -229,12 +229,16 @@ def _fates(store: TokenStore, lengths: np.ndarray, config) -> np.ndarray:
 
 def _compact(store: TokenStore, keep: np.ndarray, lengths: np.ndarray, cache: Path, block: int = 4096) -> None:
     """Rewrite the token files with only the kept sequences, each at its new (cut) length."""
-    for column in ("ids", "labels"):
-        with open(spill_path(cache, 0, column) .with_suffix(".new"), "wb") as out:
-            for lo in range(0, len(keep), block):
-                items = keep[lo : lo + block]
-                out.write(store._pread(column, store.offsets[items], lengths[items]).tobytes())
-        os.replace(spill_path(cache, 0, column).with_suffix(".new"), spill_path(cache, 0, column))
+    columns = ("ids", "labels")
+    new = [Path(f"{spill_path(cache, 0, column)}.new") for column in columns]
+    with open(new[0], "wb") as ids_out, open(new[1], "wb") as labels_out:
+        for lo in range(0, len(keep), block):
+            items = keep[lo : lo + block]
+            ids, labels = store.gather(store.offsets[items], lengths[items])
+            ids_out.write(ids.tobytes())
+            labels_out.write(labels.tobytes())
+    for column, path in zip(columns, new):
+        os.replace(path, spill_path(cache, 0, column))
 
 
 def _status(old: dict, stored: Stored, fates: np.ndarray, keep: np.ndarray, config, rejects: list[dict]) -> bytearray:
