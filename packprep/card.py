@@ -175,7 +175,7 @@ def render_card(manifest: dict) -> str:
     features = "\n".join(
         f"  - name: {name}\n    {'sequence' if is_list else 'dtype'}: {dtype}" for name, dtype, is_list in _features(manifest)
     )
-    total_bytes = sum(shard["bytes"] for shard in manifest["shards"])
+    total_bytes = sum(shard["bytes"] for shard in manifest["shards"] + (manifest.get("validation") or {}).get("shards", []))
     arrow_bytes = _arrow_bytes(manifest)
     template_hash = (tok.get("chat_template_sha256") or "none")[:16]
     validation_files, validation_split = _validation_yaml(manifest.get("validation"), fmt)
@@ -193,7 +193,7 @@ def render_card(manifest: dict) -> str:
     num_bytes: {arrow_bytes}
     num_examples: {manifest['rows']}
 {validation_split}  download_size: {total_bytes}
-  dataset_size: {arrow_bytes}
+  dataset_size: {arrow_bytes + (_arrow_bytes(manifest["validation"]) if manifest.get("validation") else 0)}
 """
     header = f"""---
 {loadable}task_categories:
