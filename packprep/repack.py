@@ -192,26 +192,29 @@ def _rebuild(tmp: Path, folder: Path, old: dict, config, stored: Stored) -> tupl
 
 def _write_tokens(folder: Path, old: dict, stored: Stored, offsets: np.ndarray, cache: Path) -> None:
     """Pass 2: each record's tokens and labels, from the row group that holds its first copy, written at
-    its place in input order (``offsets``): one row group in memory at a time."""
+    its place in input order (``offsets``), a row group at a time through a map of the token files that
+    is dropped after each (its written pages are the page cache's, not this process's)."""
     order = np.lexsort((stored.first_token, stored.shard))
-    fds = [os.open(spill_path(cache, 0, column), os.O_WRONLY | os.O_CREAT, 0o644) for column in ("ids", "labels")]
-    try:
-        at = 0
-        for number, name in enumerate(stored.shards):
-            base = 0
-            for table in ShardReader(folder / name, old.get("layout")).tables(["input_ids", "labels"]):
-                ids, labels = (list_column(table, column)[0].astype(np.int32) for column in ("input_ids", "labels"))
-                end = base + len(ids)
-                while at < len(order) and stored.shard[order[at]] == number and stored.first_token[order[at]] < end:
-                    record = order[at]
-                    lo, n, place = int(stored.first_token[record] - base), int(stored.lengths[record]), int(offsets[record]) * 4
-                    os.pwrite(fds[0], ids[lo : lo + n].tobytes(), place)
-                    os.pwrite(fds[1], labels[lo : lo + n].tobytes(), place)
-                    at += 1
-                base = end
-    finally:
-        for fd in fds:
-            os.close(fd)
+    shard_of, first_of = stored.shard[order], stored.first_token[order]
+    paths = [spill_path(cache, 0, column) for column in ("ids", "labels")]
+    for path in paths:
+        with open(path, "wb") as handle:
+            handle.truncate(int(offsets[-1]) * 4)
+    for number, name in enumerate(stored.shards):
+        base = 0
+        for table in ShardReader(folder / name, old.get("layout")).tables(["input_ids", "labels"]):
+            columns = [list_column(table, column)[0] for column in ("input_ids", "labels")]
+            lo, hi = np.searchsorted(shard_of, [number, number + 1])
+            lo, hi = lo + np.searchsorted(first_of[lo:hi], [base, base + len(columns[0])])
+            here = order[lo:hi]
+            lengths = stored.lengths[here]
+            within = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+            source = np.repeat(stored.first_token[here] - base, lengths) + within
+            target = np.repeat(offsets[here], lengths) + within
+            for path, values in zip(paths, columns):
+                if len(target):
+                    np.memmap(path, np.int32, "r+", shape=(int(offsets[-1]),))[target] = values[source]
+            base += len(columns[0])
 
 
 def _fates(store: TokenStore, lengths: np.ndarray, config) -> np.ndarray:
