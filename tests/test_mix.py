@@ -201,3 +201,15 @@ def test_stats_shows_the_mixture_pack_makes(tmp_path):
     text = CliRunner().invoke(main, ["stats", "--mix", mix, "-t", TOKENIZER, "--validation-size", "0.05", "-q",
                                      "--num-proc", "1", "--max-len", "1024"]).output
     assert "mixture (training split at max_len 1,024" in text and "share 0.4" in text
+
+
+def test_a_source_has_its_own_format_and_messages_field(tmp_path):
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}]
+    (tmp_path / "plain.jsonl").write_text(json.dumps({"messages": chat}) + "\n")
+    (tmp_path / "odd.jsonl").write_text("".join(json.dumps({"dialog": chat, "n": n}) + "\n" for n in range(3)))
+    sources = [{"path": "plain.jsonl", "weight": 1},  # relative to the mixture file's folder
+               {"path": "odd.jsonl", "weight": 1, "format": "openai", "messages_field": "dialog"}]
+    manifest = packprep.pack([], str(tmp_path / "out"), TOKENIZER, max_len=256, mix=mix_file(tmp_path, sources),
+                             num_proc=1)
+    assert manifest["counts"]["packed"] == 4 and manifest["counts"]["rejected"] == 0
+    assert [s["train_sequences"] for s in manifest["mixture"]["sources"]] == [1, 3]
