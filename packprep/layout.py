@@ -113,13 +113,15 @@ def json_schema() -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
-def shard_files(dir_or_files: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
-    """Shard paths of an output folder (``DIR/data``), a folder of shards, a file, or a list of files."""
+def shard_files(dir_or_files: str | os.PathLike | Sequence[str | os.PathLike], split: str = "train") -> list[str]:
+    """Shard paths of an output folder (``DIR/data``: its ``split``'s shards, never the held-out
+    ``validation-*`` ones in place of ``train``), a folder of shards, a file, or a list of files."""
     if isinstance(dir_or_files, (str, os.PathLike)):
         path = Path(dir_or_files)
         if path.is_dir():
             base = path / "data" if (path / "data").is_dir() else path
-            files = sorted(str(p) for p in list(base.glob("*.parquet")) + list(base.glob("*.arrow")))
+            pattern = f"{split}-*" if base != path else "*"
+            files = sorted(str(p) for p in list(base.glob(f"{pattern}.parquet")) + list(base.glob(f"{pattern}.arrow")))
             if not files:
                 raise FileNotFoundError(f"no *.parquet or *.arrow shards under {base}")
             return files

@@ -213,3 +213,15 @@ def test_a_source_has_its_own_format_and_messages_field(tmp_path):
                              num_proc=1)
     assert manifest["counts"]["packed"] == 4 and manifest["counts"]["rejected"] == 0
     assert [s["train_sequences"] for s in manifest["mixture"]["sources"]] == [1, 3]
+
+
+@needs_fixtures
+def test_packed_dataset_reads_train_unless_asked_for_validation(tmp_path):
+    pytest.importorskip("torch")
+    from packprep.torch import PackedDataset
+
+    out = tmp_path / "out"
+    manifest = packprep.pack([str(CONVERSATIONS / FILES["glaive"])], str(out), TOKENIZER, max_len=1024,
+                             validation_size=0.1, num_proc=1)
+    assert len(PackedDataset(out)) == manifest["rows"]
+    assert len(PackedDataset(out, split="validation")) == manifest["validation"]["rows"]
