@@ -13,6 +13,7 @@ never in one row, at the cost of at most a part-filled row a round.
 
 from __future__ import annotations
 
+import glob
 import json
 import math
 import os
@@ -89,10 +90,9 @@ def _mix_source(entry, where: str, base: Path) -> MixSource:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(MIX_KEYS)})")
     if "weight" in entry and "share" in entry:
         raise ConfigError(f"{where}: give a 'weight' or a 'share', not both")
-    local = base / entry["path"]
-    path = str(local) if not os.path.isabs(entry["path"]) and (local.exists() or local.parent.is_dir()
-                                                                 and any(c in entry["path"] for c in "*?[")) \
-        else entry["path"]
+    local = str(base / entry["path"])  # a file, folder or pattern beside the mixture file
+    beside = not os.path.isabs(entry["path"]) and (os.path.exists(local) or glob.glob(local))
+    path = local if beside else entry["path"]
     source = MixSource(path, str(entry.get("name") or entry["path"]), format=entry.get("format"),
                        messages_field=entry.get("messages_field"))
     if source.format is not None and source.format not in FORMATS:
