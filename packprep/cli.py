@@ -243,8 +243,8 @@ def verify(folder, retokenize, seed, num_proc, as_json):
 @click.option("--seed", default=None, type=int, help="Seed for shuffles [default: FOLDER's].")
 @click.option("--row-order", default=None, type=click.Choice(ROW_ORDERS), help="Order of rows [default: FOLDER's].")
 @_SAMPLES_PER_ROW
-@click.option("--layout", default=_default(pack_, "layout"), show_default=True, type=click.Choice(layout_names()),
-              help="The training stack the shards are laid out for.")
+@click.option("--layout", default=None, type=click.Choice(layout_names()),
+              help="The training stack the shards are laid out for [default: FOLDER's].")
 @click.option("--accept-truncated", is_flag=True,
               help="Where FOLDER truncated (or dropped) sequences at its --max-len and the new one is longer, "
               "repack them as stored, cut, instead of refusing; the manifest says so (repacked_from).")

@@ -37,11 +37,12 @@ REPACK_SETTINGS = ("max_len", "strategy", "seed", "row_order", "samples_per_row"
 
 
 def repack(folder: str | os.PathLike, output: str | os.PathLike, *, overwrite: bool = False,
-           num_proc: int | None = None, progress: bool = False, layout: str = DEFAULT_LAYOUT,
+           num_proc: int | None = None, progress: bool = False, layout: str | None = None,
            accept_truncated: bool = False, **settings) -> dict:
     """Pack the sequences stored in ``folder`` into ``output`` with ``settings`` changed (``max_len``,
     ``strategy``, ``seed``, ``row_order``, ``samples_per_row``; None keeps the folder's); return the
-    new manifest. ``accept_truncated``: pack sequences cut at the old ``max_len`` as they are stored."""
+    new manifest. ``layout``: None keeps the folder's. ``accept_truncated``: pack sequences cut at the old
+    ``max_len`` as they are stored."""
     from .pipeline import PackConfig, publish, write_output
     from .verify import read_manifest
 
@@ -54,7 +55,7 @@ def repack(folder: str | os.PathLike, output: str | os.PathLike, *, overwrite: b
                           "pack again from the inputs")
     config = PackConfig.from_settings({**old["config"], **{k: v for k, v in settings.items() if v is not None}},
                                       "repack")
-    layout = get_layout(layout)
+    layout = get_layout(layout or old.get("layout") or DEFAULT_LAYOUT)
     target = OutputFolder(output, overwrite)
     if target.final == source or source in target.final.parents:
         raise ConfigError(f"{output} is {folder} or inside it; choose another output folder")

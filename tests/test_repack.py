@@ -62,8 +62,10 @@ def test_repack_into_and_from_another_layout_equals_pack(base, tmp_path):
     packprep.pack(INPUTS, str(tmp_path / "packed"), TOKENIZER, max_len=2048, layout="trl", num_proc=1)
     repack(base, tmp_path / "repacked", max_len=2048, layout="trl", num_proc=1)
     assert files(tmp_path / "repacked") == files(tmp_path / "packed")
+    repack(tmp_path / "repacked", tmp_path / "again", num_proc=1)  # every setting, the layout too, is the folder's
+    assert files(tmp_path / "again") == files(tmp_path / "packed")
     packprep.pack(INPUTS, str(tmp_path / "packed-bfd"), TOKENIZER, max_len=2048, strategy="bfd", num_proc=1)
-    repack(tmp_path / "packed", tmp_path / "from-trl", strategy="bfd", num_proc=1)  # trl's column names read back
+    repack(tmp_path / "packed", tmp_path / "from-trl", strategy="bfd", layout="packprep", num_proc=1)  # trl read back
     assert files(tmp_path / "from-trl") == files(tmp_path / "packed-bfd")
 
 
