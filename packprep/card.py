@@ -53,7 +53,8 @@ def _features(manifest: dict) -> list[tuple[str, str, bool]]:
 
 
 def _arrow_bytes(manifest: dict) -> int:
-    """In-memory (Arrow) size of the canonical table: what ``dataset_info.splits.num_bytes`` means on the Hub."""
+    """In-memory (Arrow) size of the canonical table (of the manifest or of its validation split): what
+    ``dataset_info.splits.num_bytes`` means on the Hub."""
     tokens, sequences, rows = manifest["tokens"]["total"], manifest["sequences"], manifest["rows"]
     # 3 int32 token columns, seq_lens int32 + source_index int64, and one int32 offset per row per column
     return 12 * tokens + 12 * sequences + 4 * len(COLUMNS) * (rows + 1)
@@ -139,6 +140,38 @@ def _inputs_text(manifest: dict) -> str:
     return "\n".join(lines) or "- (none)"
 
 
+def _validation_yaml(validation: dict | None, fmt: str) -> tuple[str, str]:
+    """The card's YAML lines of a validation split: its files, and its size."""
+    if not validation:
+        return "", ""
+    return (f"  - split: validation\n    path: data/validation-*.{fmt}\n",
+            f"  - name: validation\n    num_bytes: {_arrow_bytes(validation)}\n    num_examples: {validation['rows']}\n")
+
+
+def _mixture_section(manifest: dict) -> str:
+    """The mixture (``pack --mix``) and the validation split, where the run had them."""
+    text = ""
+    mixture, validation = manifest.get("mixture"), manifest.get("validation")
+    if mixture:
+        lines = ["| source | sha256 | asked | records | held out | in train (with copies) | train tokens | share |",
+                 "|---|---|---|---|---|---|---|---|"]
+        for s in mixture["sources"]:
+            asked = f"share {s['share']:g}" if "share" in s else f"weight {s['weight']:g}"
+            sha = ", ".join(f"`{h[:16]}`" for h in s["sha256"] if h) or "-"
+            lines.append(f"| `{_local_name(s['name'])}` | {sha} | {asked} | {s['records']:,} | {s['validation_records']:,} "
+                         f"| {s['train_records']:,} ({s['train_sequences']:,}) | {s['train_tokens']:,} "
+                         f"| {s['realized_share']:.2%} |")
+        text += "\n## Mixture\n\n" + "\n".join(lines) + (
+            f"\n\n{manifest['counts'].get('unsampled', 0):,} records were left out by the weights and shares "
+            "(seeded by the config's seed).\n")
+    if validation:
+        text += (f"\n## Validation split\n\n{validation['rows']:,} rows ({validation['sequences']:,} sequences, "
+                 f"{validation['tokens']['total']:,} tokens) in `data/validation-*`, packed with the same settings; "
+                 "no input record is in both splits. `packprep.json` lists the held-out records "
+                 "(`validation.members`: input and record index).\n")
+    return text
+
+
 def _layout_section(layout) -> str:
     renamed = ", ".join(f"`{a}` is named `{b}`" for a, b in layout.renames.items())
     if layout.convert is not None or layout.write_files is not None:
@@ -162,24 +195,25 @@ def render_card(manifest: dict) -> str:
     features = "\n".join(
         f"  - name: {name}\n    {'sequence' if is_list else 'dtype'}: {dtype}" for name, dtype, is_list in _features(manifest)
     )
-    total_bytes = sum(shard["bytes"] for shard in manifest["shards"])
+    total_bytes = sum(shard["bytes"] for shard in manifest["shards"] + (manifest.get("validation") or {}).get("shards", []))
     arrow_bytes = _arrow_bytes(manifest)
     template_hash = (tok.get("chat_template_sha256") or "none")[:16]
+    validation_files, validation_split = _validation_yaml(manifest.get("validation"), fmt)
     # a layout of other files (e.g. .npy) is no table the Hub's loader reads: no configs, no features
     loadable = "" if layout.writes == FILES else f"""configs:
 - config_name: default
   data_files:
   - split: train
     path: data/train-*.{fmt}
-dataset_info:
+{validation_files}dataset_info:
   features:
 {features}
   splits:
   - name: train
     num_bytes: {arrow_bytes}
     num_examples: {manifest['rows']}
-  download_size: {total_bytes}
-  dataset_size: {arrow_bytes}
+{validation_split}  download_size: {total_bytes}
+  dataset_size: {arrow_bytes + (_arrow_bytes(manifest["validation"]) if manifest.get("validation") else 0)}
 """
     header = f"""---
 {loadable}task_categories:
@@ -222,7 +256,7 @@ Records: {counts['records']:,} read, {counts['packed']:,} packed whole, {counts[
 Normalizing, {changes_text(counts.get('normalized') or {}, counts.get('turns_not_located', 0))}. Inputs:
 
 {_inputs_text(manifest)}
-
+{_mixture_section(manifest)}
 {_histograms_section(manifest)}
 {_balance_section(manifest)}## Columns
 

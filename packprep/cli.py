@@ -132,8 +132,16 @@ def main():
     """
 
 
+_MIX = click.option("--mix", default=None, type=click.Path(dir_okay=False), metavar="MIX.yaml",
+                    help="Mixture file (YAML or JSON): sources, each a path with a weight (a multiplier of its "
+                    "records) or a share (its fraction of the tokens); INPUTS join it at weight 1.")
+_VALIDATION_SIZE = click.option("--validation-size", default=None, type=float, metavar="F|N",
+                                help="Hold out a fraction F (or N records) of each source, in proportion, as "
+                                "the validation split, before weights repeat anything.")
+
+
 @main.command(epilog=EXIT_CODES_HELP)
-@click.argument("inputs", nargs=-1, required=True)
+@click.argument("inputs", nargs=-1)
 @click.option("--tokenizer", "-t", required=True, help="Tokenizer folder or Hub id (with a chat template).")
 @click.option("--output", "-o", required=True, type=click.Path(file_okay=False), help="Output folder.")
 @click.option("--max-len", default=DEFAULT.max_len, show_default=True, type=int, help="Tokens per packed row.")
@@ -167,6 +175,8 @@ def main():
               help="local: this machine's cores; ray: read, tokenize, write and verify on a Ray cluster, whose "
                    "nodes must all see the inputs and --output (pip install 'packprep[ray]').")
 @click.option("--ray-address", default=None, help="With --engine ray: the cluster address [default: start a local Ray].")
+@_MIX
+@_VALIDATION_SIZE
 @click.option("--push-to", default=None, metavar="REPO_ID",
               help="After packing, push the folder to this Hub dataset repo (as `packprep push`).")
 @click.option("--private", is_flag=True, help="With --push-to: create the repo private.")
@@ -185,6 +195,7 @@ def pack(inputs, tokenizer, output, format_, num_proc, engine, ray_address, push
       packprep pack chats.jsonl -t ./llama3 --layout trl -o packed-trl/
       packprep pack 'dump/*.json' -t ./llama3 --leading-assistant reject --consecutive keep -o packed/
       packprep pack chats.jsonl -t ./llama3 --max-len 32768 --balance-dp 8 --model-config cfg.json -o packed/
+      packprep pack --mix mix.yaml -t ./llama3 --validation-size 0.02 -o packed/
     """
     if push_to:  # a bad token or no network fails before the packing work, not after
         from .push import check_credentials
@@ -192,6 +203,9 @@ def pack(inputs, tokenizer, output, format_, num_proc, engine, ray_address, push
         check_credentials(token)
     manifest = pack_(list(inputs), output, tokenizer, overwrite=overwrite, num_proc=num_proc, engine=engine,
                      ray_address=ray_address, progress=not quiet, format=format_, layout=layout, **settings)
+    for source in manifest.get("mixture", {}).get("sources", []):
+        click.echo(f"  {source['name']}: {source['train_sequences']:,} sequences in train "
+                   f"({source['realized_share']:.2%} of the train tokens), {source['validation_records']:,} in validation")
     counts = manifest["counts"]
     click.echo(
         f"read {counts['records']:,} records into {manifest['rows']:,} rows "
@@ -249,6 +263,50 @@ def verify(folder, retokenize, seed, num_proc, as_json):
             click.echo(str(failure), err=True)
     if not report.ok:
         sys.exit(EXIT_VERIFY)
+
+
+@main.command(epilog=EXIT_CODES_HELP)
+@click.argument("folder", type=click.Path(exists=True, file_okay=False))
+@click.option("--output", "-o", required=True, type=click.Path(file_okay=False), help="Output folder.")
+@click.option("--max-len", default=None, type=int, help="Tokens per packed row [default: FOLDER's].")
+@click.option("--strategy", default=None, type=click.Choice(STRATEGIES), help="Packing strategy [default: FOLDER's].")
+@click.option("--seed", default=None, type=int, help="Seed for shuffles [default: FOLDER's].")
+@click.option("--row-order", default=None, type=click.Choice(ROW_ORDERS), help="Order of rows [default: FOLDER's].")
+@_SAMPLES_PER_ROW
+@click.option("--layout", default=None, type=click.Choice(layout_names()),
+              help="The training stack the shards are laid out for [default: FOLDER's].")
+@click.option("--accept-truncated", is_flag=True,
+              help="Where FOLDER truncated (or dropped) sequences at its --max-len and the new one is longer, "
+              "repack them as stored, cut, instead of refusing; the manifest says so (repacked_from).")
+@click.option("--num-proc", default=None, type=int, help="Writer processes [default: all cores].")
+@click.option("--overwrite", is_flag=True, help="Replace an existing output folder.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
+def repack(folder, output, num_proc, overwrite, quiet, layout, accept_truncated, **settings):
+    """Pack the sequences stored in FOLDER again, with other settings: no tokenizer, no inputs.
+
+    \b
+    The output is byte for byte what `packprep pack` writes with those settings,
+    wherever no sequence was cut: sequences truncated or split at FOLDER's
+    --max-len are not stored whole, so a longer --max-len is refused where
+    FOLDER cut any (see --accept-truncated). A mixture's records, copies and
+    validation split are kept as FOLDER has them.
+
+    \b
+    Examples:
+      packprep repack packed/ -o packed-8k/ --max-len 8192
+      packprep repack packed/ -o packed-bfd/ --strategy bfd --seed 1 --row-order input
+      packprep repack packed/ -o packed-trl/ --layout trl
+    """
+    from .repack import repack as repack_
+
+    manifest = repack_(folder, output, overwrite=overwrite, num_proc=num_proc, progress=not quiet, layout=layout,
+                       accept_truncated=accept_truncated, **settings)
+    click.echo(f"repacked {manifest['sequences']:,} sequences into {manifest['rows']:,} rows "
+               f"(max_len {manifest['config']['max_len']:,}, efficiency {manifest['efficiency']:.2%}) in {output}")
+    if "repacked_from" in manifest:
+        said = manifest["repacked_from"]
+        click.echo(f"  as stored, cut at max_len {said['max_len']:,}: {said['truncated_as_stored']:,} truncated "
+                   f"sequences, {said['dropped_as_stored']:,} dropped records (not what pack would write)")
 
 
 @main.command(epilog=EXIT_CODES_HELP)
@@ -312,7 +370,7 @@ def push(folder, repo_id, private, revision, token, commit_message):
 
 
 @main.command(epilog=EXIT_CODES_HELP)
-@click.argument("inputs", nargs=-1, required=True)
+@click.argument("inputs", nargs=-1)
 @click.option("--tokenizer", "-t", default=None,
               help="Tokenizer folder or Hub id, as for pack (not needed for a packed folder).")
 @click.option("--max-len", "max_lens", multiple=True, type=int,
@@ -332,6 +390,8 @@ def push(folder, repo_id, private, revision, token, commit_message):
 @click.option("--partition-size", default=DEFAULT.partition_size, type=int,
               help="Plan as pack --partition-size: each run of this many samples packed on its own.")
 @_dp_options
+@_MIX
+@_VALIDATION_SIZE
 @_NUM_PROC
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
@@ -358,6 +418,7 @@ def stats(inputs, tokenizer, max_lens, strategies, global_batch_size, epochs, fo
       packprep stats a.json b.parquet -t Qwen/Qwen2.5-7B-Instruct --json > plan.json
       packprep stats chats.jsonl -t ./llama3 --plot lengths.png
       packprep stats chats.jsonl -t ./llama3 --max-len 32768 --dp-size 8
+      packprep stats --mix mix.yaml -t ./llama3 --validation-size 0.02
       packprep stats packed/
     """
     from .stats import plot, render_text, require_matplotlib

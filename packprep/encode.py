@@ -58,7 +58,7 @@ class Encoding:
 
     sources: list[Source]
     formats: list[str]
-    fields: FieldNames
+    fields: list[FieldNames]  # a source's own messages_field (a mixture's), else the run's
     tokenizer: Any  # the loaded Hugging Face tokenizer
     tokenizer_name: str  # as given: a folder or a Hub id
     encoder: ChatEncoder
@@ -71,8 +71,8 @@ class Encoding:
         (default ``config.max_len``) before any record is encoded."""
         tok = load_tokenizer(tokenizer)
         encoder = ChatEncoder(tok, config.train_on, config.tokenizer_backend)
-        fields = FieldNames(config.messages_field, config.text_field)
-        formats = [_source_format(source, config.format, fields) for source in sources]
+        fields = [FieldNames(s.messages_field or config.messages_field, config.text_field) for s in sources]
+        formats = [_source_format(s, s.format or config.format, f) for s, f in zip(sources, fields)]
         _check_template(encoder, formats, config.max_len if max_len is None else max_len)
         return cls(sources, formats, fields, tok, tokenizer, encoder, config, _record_policy(encoder, config))
 
@@ -81,7 +81,7 @@ class Encoding:
         ``ledger`` in input order and yield it (``payload``: its sink's result; ``sink(part)`` makes a
         part's sink, in the worker)."""
         context = EncodeContext(self.tokenizer_name, self.config, self.fields, self.policy, self.formats, sink,
-                                self.encoder)
+                                self.encoder, forced=[bool(s.format or self.config.format) for s in self.sources])
         merged = _Merge(self.sources, ledger)
         for part, result in zip(parts, self._guarded(engine, context, parts)):
             _note_backend(self.encoder, result.backend)
@@ -128,12 +128,13 @@ class EncodeContext:
 
     tokenizer_name: str
     config: "PackConfig"
-    fields: FieldNames
+    fields: list[FieldNames]  # a source's
     policy: Policy
     formats: list[str]
     sink: Callable[[Part], Sink]
     encoder: ChatEncoder | None = None
     tokenizer_files: dict[str, bytes] | None = None  # the folder's files, once the context travels
+    forced: list[bool] = field(default_factory=list)  # a source's format was given, not detected per record
 
     def __getstate__(self) -> dict:
         # a loaded tokenizer does not pickle: the receiving process loads it again, from the files
@@ -205,16 +206,16 @@ def _normalized(context: EncodeContext, part: Part, records: Iterable[Record], l
                 seen: Counter) -> Iterator[tuple[int, Record, Conversation | Rejected]]:
     """A part's records, numbered by ``ledger``, each normalized or the ``Rejected`` in its place
     (``seen`` counts their formats): what the encode stage encodes, and the data guard checks."""
-    fmt, forced = context.formats[part.source], bool(context.config.format)
+    fmt, forced, fields = context.formats[part.source], context.forced[part.source], context.fields[part.source]
     for record in records:
         number = ledger.add()
         if record.error is not None:
             yield number, record, Rejected(record.error, "unreadable")
             continue
-        own = fmt if forced else detect_format(record.data, context.fields) or fmt
+        own = fmt if forced else detect_format(record.data, fields) or fmt
         seen[own] += 1
         try:
-            yield number, record, normalize(record.data, own, context.fields, context.policy)
+            yield number, record, normalize(record.data, own, fields, context.policy)
         except Rejected as exc:
             yield number, record, exc
 

@@ -54,27 +54,29 @@ def export_into(source: Path, manifest: dict, tmp: Path, layout) -> dict:
     layout = get_layout(layout)
     context = LayoutContext(max_len=int(manifest["config"]["max_len"]), manifest=manifest)
     (tmp / "data").mkdir(exist_ok=True)
-    readers = [ShardReader(source / shard["path"], manifest.get("layout")) for shard in manifest["shards"]]
     config = dict(manifest["config"])
+    validation = manifest.get("validation")
     if layout.writes == FILES:
+        if validation:
+            raise ConfigError(f"layout {layout.name} writes files of its own, with no validation split; pack without "
+                              "--validation-size for it, or export to a layout of tables")
+        readers = [ShardReader(source / shard["path"], manifest.get("layout")) for shard in manifest["shards"]]
         shards = layout.write_files((table for reader in readers for table in reader.tables()), tmp, context)
     else:
         fmt = "arrow" if layout.writes == SAVE_TO_DISK else config["shard_format"]
         config["shard_format"] = fmt
         schema = layout.schema(context)
-        shards = []
-        for index, (reader, entry) in enumerate(zip(readers, manifest["shards"])):
-            name = shard_name(index, len(readers), fmt)
-            with shard_writer(tmp / name, fmt, schema) as write:
-                for table in reader.tables():
-                    write(layout.to_layout(table, context))
-            shards.append({**entry, "path": name, "bytes": (tmp / name).stat().st_size,
-                           "sha256": file_sha256(tmp / name)})
+        shards = _export_shards(source, manifest, manifest["shards"], tmp, layout, context, fmt, "train")
+        if validation:
+            validation = {**validation, "shards": _export_shards(source, manifest, validation["shards"], tmp, layout,
+                                                                 context, fmt, "validation")}
         if fmt == "arrow":
             write_arrow_dataset_state(tmp / "data", shards, schema)
     if (source / "rejects.jsonl").is_file():
         shutil.copyfile(source / "rejects.jsonl", tmp / "rejects.jsonl")
     exported = {**manifest, "config": config, "layout": layout.name, "shards": shards}
+    if validation:
+        exported["validation"] = validation
     exported.pop("exported_from", None)
     _write_manifest(tmp, exported)
     if layout.readable:
@@ -84,6 +86,20 @@ def export_into(source: Path, manifest: dict, tmp: Path, layout) -> dict:
         if not report.ok:  # a packprep bug: refuse to publish it
             raise RuntimeError(f"exported output failed verification: {report.failures[:3]}")
     return exported
+
+
+def _export_shards(source: Path, manifest: dict, entries: list[dict], tmp: Path, layout, context, fmt: str,
+                   split: str) -> list[dict]:
+    """Write one split's shards in ``layout``; return their manifest entries."""
+    shards = []
+    for index, entry in enumerate(entries):
+        name = shard_name(index, len(entries), fmt, split)
+        reader = ShardReader(source / entry["path"], manifest.get("layout"))
+        with shard_writer(tmp / name, fmt, layout.schema(context)) as write:
+            for table in reader.tables():
+                write(layout.to_layout(table, context))
+        shards.append({**entry, "path": name, "bytes": (tmp / name).stat().st_size, "sha256": file_sha256(tmp / name)})
+    return shards
 
 
 def _write_manifest(folder: Path, manifest: dict) -> None:

@@ -115,13 +115,15 @@ def json_schema() -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
-def shard_files(dir_or_files: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
-    """Shard paths of an output folder (``DIR/data``), a folder of shards, a file, or a list of files."""
+def shard_files(dir_or_files: str | os.PathLike | Sequence[str | os.PathLike], split: str = "train") -> list[str]:
+    """Shard paths of an output folder (``DIR/data``: its ``split``'s shards, never the held-out
+    ``validation-*`` ones in place of ``train``), a folder of shards, a file, or a list of files."""
     if isinstance(dir_or_files, (str, os.PathLike)):
         path = Path(dir_or_files)
         if path.is_dir():
             base = path / "data" if (path / "data").is_dir() else path
-            files = sorted(str(p) for p in list(base.glob("*.parquet")) + list(base.glob("*.arrow")))
+            pattern = f"{split}-*" if base != path else "*"
+            files = sorted(str(p) for p in list(base.glob(f"{pattern}.parquet")) + list(base.glob(f"{pattern}.arrow")))
             if not files:
                 raise FileNotFoundError(f"no *.parquet or *.arrow shards under {base}")
             return files
@@ -396,7 +398,8 @@ trainer = Trainer(model=model, args=TrainingArguments(output_dir="out", per_devi
 check_pipeline(trainer, data="packed/")   # first: runs a packed row through this trainer's own path
 trainer.train()
 ```
-`collate_packed` concatenates the batch's rows into one `(1, T)` row with restarted `position_ids`,
+With `--validation-size`, add `eval_dataset=load_dataset("packed/", split="validation")`: packed the same
+way, and no record in both splits. `collate_packed` concatenates the batch's rows into one `(1, T)` row with restarted `position_ids`,
 no `attention_mask` and `use_cache=False`. What breaks packing here: the default collator (a
 tokenizer's `DataCollatorWithPadding` adds an all-ones `attention_mask`), `DataCollatorWithFlattening`
 (recomputes `position_ids` per packed row, merging its sequences), and `use_cache=True`
@@ -415,7 +418,8 @@ trainer = SFTTrainer(model=model, args=args, train_dataset=load_dataset("packed/
 check_pipeline(trainer, data="packed/")   # first: runs a packed row through this trainer's own path
 trainer.train()
 ```
-Rows carry `seq_lengths`, which TRL's padding-free collator turns into restarted `position_ids`
+With `--validation-size`, add `eval_dataset=load_dataset("packed/", split="validation")`: packed the same
+way, and no record in both splits. Rows carry `seq_lengths`, which TRL's padding-free collator turns into restarted `position_ids`
 (and `cu_seq_lens_*`); `remove_unused_columns` keeps it. What breaks packing here:
 `padding_free=False` (the default: an all-ones `attention_mask`, the row is one sequence),
 `max_length` (default 1024: rows are cut, and TRL refuses it with `padding_free`), `packing=True`

@@ -22,13 +22,15 @@ from .cost import model_cost
 from .encode import FATES, PACKED, REJECTED, SPLIT, Encoding, Ledger
 from .engines import Engine, LocalEngine, make_engine, runs_per_item
 from .errors import ConfigError, InputError
-from .layout import DEFAULT_LAYOUT, get_layout
+from .layout import DEFAULT_LAYOUT, FILES, get_layout
 from .materialize import PackSink, Segments, TokenStore
 from .normalize import CHANGES, CONSECUTIVE, FORMATS, LEADING, SYSTEM
 from .packing import ROW_ORDERS, STRATEGY_TABLE, Bins, lower_bound, order_bins
 from .plan import check_overlong, check_strategy, plan_bins
 from .progress import Progress
-from .read import Part, PartPlan, Source, file_sha256, resolve_inputs, scan_json_chunk
+from .mix import UNSAMPLED, Mixture, input_starts, open_inputs, plan_rounds
+from .read import Part, PartPlan, Source, file_sha256, scan_json_chunk
+from .split import membership
 from .tokenize import BACKENDS, TRAIN_ON, tokenizer_fingerprint
 from .verify import Report, ShardCheck, ShardContext, check_part, check_tasks, join_checks, verify
 from .write import (SHARD_FORMATS, OutputFolder, finish_shards, join_shard, parse_size, prepare_shards, shard_pieces,
@@ -131,6 +133,8 @@ def pack(
     engine: str = "local",
     ray_address: str | None = None,
     layout: str = DEFAULT_LAYOUT,
+    mix: str | None = None,
+    validation_size: float | None = None,
     **settings,
 ) -> dict:
     """Pack conversations from ``inputs`` into shards at ``output``; return the manifest.
@@ -138,25 +142,31 @@ def pack(
     ``settings`` are the fields of :class:`PackConfig` (``max_len``, ``strategy``, ``seed``, ...).
     ``layout``: the training stack the shards are laid out for (``packprep.layout``); rows are
     packed and verified in the canonical layout, then exported to it.
+    ``mix``: a mixture file (YAML or JSON) of sources with weights or shares, beside ``inputs`` at
+    weight 1; ``validation_size``: a fraction, or a number of records, held out as the
+    ``validation`` split (``packprep.mix``, ``packprep.split``).
     Output is identical for any ``num_proc`` (default: all cores). ``engine="ray"`` runs the
     stages on a Ray cluster (``ray_address``, or a local instance; inputs and ``output`` on a file
     system every node sees) and gives the same bytes as ``"local"``.
     """
     config = PackConfig.from_settings(settings)
     layout = get_layout(layout)
-    sources = resolve_inputs([inputs] if isinstance(inputs, str) else list(inputs))
+    if validation_size and layout.writes == FILES:
+        raise ConfigError(f"--layout {layout.name} writes files of its own, with no validation split: pack "
+                          "without --validation-size for it, or choose a layout of tables")
+    sources, mixture = open_inputs([inputs] if isinstance(inputs, str) else list(inputs), mix, validation_size)
     folder = OutputFolder(output, overwrite)
     folder.check()
     runner = make_engine(engine, num_proc, ray_address)
     try:
         encoding = Encoding.open(sources, tokenizer, config)
-        return _pack_into(folder, encoding, config, layout, runner, progress)
+        return _pack_into(folder, encoding, config, layout, runner, progress, mixture)
     finally:
         runner.close()
 
 
 def _pack_into(folder: OutputFolder, encoding: Encoding, config: PackConfig, layout, engine: Engine,
-               progress: bool) -> dict:
+               progress: bool, mixture: Mixture | None = None) -> dict:
     with folder.staging() as tmp, ThreadPoolExecutor(1) as background:
         # the inputs' sha256 for the manifest, read beside the workers instead of after them
         hashes = background.submit(lambda: [file_sha256(s.path) if os.path.isfile(s.path) else None
@@ -177,36 +187,97 @@ def _pack_into(folder: OutputFolder, encoding: Encoding, config: PackConfig, lay
             del spills
         if len(store) == 0:
             raise InputError(_nothing_to_pack(ledger, encoding.sources))
-        with Progress(progress, len(store), "pack", "seq") as bar:
-            segments = _segments(_pack(store, config, ledger), store)
-            bar.update(len(store))
-        with Progress(progress, segments.offsets.size - 1, "write", "rows") as bar:
-            check = ShardContext(tmp, DEFAULT_LAYOUT, config.max_len,
-                                 STRATEGY_TABLE[config.strategy].rows_may_exceed_max_len, False, len(ledger.status))
-            # the token cache is removed beside the shards' joins and checks, once no piece needs it
-            removal, cache_dir = [], store.cache_dir
-            shards, checked = write_shards(
-                tmp, store, segments, config.max_len, config.shard_format, parse_size(config.shard_size), bar,
-                engine, check, lambda: removal.append(background.submit(shutil.rmtree, cache_dir)),
-            )
-        removal[0].result()
-        sequences = len(store)
-        del store  # the manifest and verify hold arrays of their own: free these first
-        manifest = _manifest(config, encoding, ledger, sequences, segments, shards, hashes.result())
-        del segments
-        manifest["layout"] = DEFAULT_LAYOUT
-        (tmp / "packprep.json").write_text(json.dumps(manifest, indent=2) + "\n")
-        (tmp / "README.md").write_text(render_card(manifest))
-        report = verify(tmp, check_hashes=False, checked=checked)
-        if not report.ok:  # a packprep bug, never a data problem: refuse to publish it
-            raise RuntimeError(f"packed output failed verification: {report.failures[:3]}")
-        if layout.name != DEFAULT_LAYOUT:
-            from .export import export_into
+        if mixture is not None:
+            mixture.select(store.source_index(np.arange(len(store))), [s.records for s in encoding.sources],
+                           store.lengths, config.seed)
+        manifest = write_output(tmp, store, ledger, config, engine, progress, background,
+                                lambda: _described(encoding, ledger, hashes.result()), mixture)
+        return publish(folder, tmp, manifest, layout)
 
-            manifest = export_into(tmp, manifest, tmp.parent, layout)
-            shutil.rmtree(tmp)
-        folder.commit()
+
+def write_output(tmp, store: TokenStore, ledger: Ledger, config: PackConfig, engine: Engine, progress: bool,
+                 background, described, mixture: Mixture | None = None, extra: dict | None = None) -> dict:
+    """Pack the store's sequences (the mixture's selection, else each once) into ``tmp``; write the
+    manifest and card and verify them; return the manifest. ``described()``: its inputs and tokenizer.
+    ``pack`` and ``repack`` both end here, so that the same store gives the same bytes; ``extra``:
+    keys added to the manifest."""
+    selection = None if mixture is None else mixture.selection
+    validation = None
+    if selection is not None:
+        np.frombuffer(ledger.status, dtype=np.uint8)[store.source_index(selection.unsampled)] = UNSAMPLED
+        if len(selection.validation):  # first: the token cache is removed once train is written
+            validation = _write_split(tmp, store, ledger, config, engine, progress, selection.rounds("validation"))
+    with Progress(progress, len(store), "pack", "seq") as bar:
+        segments = _segments(_pack(store, config, ledger, None if selection is None else selection.rounds()), store)
+        bar.update(len(store))
+    with Progress(progress, segments.offsets.size - 1, "write", "rows") as bar:
+        check = ShardContext(tmp, DEFAULT_LAYOUT, config.max_len,
+                             STRATEGY_TABLE[config.strategy].rows_may_exceed_max_len, False, len(ledger.status))
+        # the token cache is removed beside the shards' joins and checks, once no piece needs it
+        removal, cache_dir = [], store.cache_dir
+        shards, checked = write_shards(
+            tmp, store, segments, config.max_len, config.shard_format, parse_size(config.shard_size), bar,
+            engine, check, lambda: removal.append(background.submit(shutil.rmtree, cache_dir)),
+        )
+    removal[0].result()
+    sequences = len(store)
+    records = store.source_index(np.arange(sequences)) if mixture is not None else None
+    lengths = store.lengths if mixture is not None else None
+    del store  # the manifest and verify hold arrays of their own: free these first
+    manifest = _manifest(config, described(), ledger, sequences, segments, shards)
+    del segments
+    if mixture is not None:
+        manifest["counts"]["unsampled"] = int(len(selection.unsampled))
+        manifest["mixture"] = mixture.table(records, lengths, manifest["inputs"])
+    if validation is not None:
+        manifest["validation"] = {**validation, "size": mixture.validation_size, "members": membership(
+            np.sort(records[selection.validation]), input_starts([i["records"] for i in manifest["inputs"]]))}
+    manifest["layout"] = DEFAULT_LAYOUT
+    manifest.update(extra or {})
+    (tmp / "packprep.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    (tmp / "README.md").write_text(render_card(manifest))
+    report = verify(tmp, check_hashes=False, checked=checked)
+    if not report.ok:  # a packprep bug, never a data problem: refuse to publish it
+        raise RuntimeError(f"packed output failed verification: {report.failures[:3]}")
     return manifest
+
+
+def _write_split(tmp, store: TokenStore, ledger: Ledger, config: PackConfig, engine: Engine, progress: bool,
+                 rounds: list[np.ndarray], split: str = "validation") -> dict:
+    """Pack and write the sequences ``rounds`` as ``split``'s shards; return its manifest entry."""
+    segments = _segments(_pack(store, config, ledger, rounds), store)
+    with Progress(progress, segments.offsets.size - 1, f"write {split}", "rows") as bar:
+        shards, _ = write_shards(tmp, store, segments, config.max_len, config.shard_format,
+                                 parse_size(config.shard_size), bar, engine, split=split)
+    return {"rows": int(segments.offsets.size - 1), "sequences": int(len(segments.item)),
+            "tokens": {"total": sum(s["tokens"] for s in shards), "supervised": sum(s["supervised_tokens"] for s in shards)},
+            "shards": shards}
+
+
+def publish(folder: OutputFolder, tmp, manifest: dict, layout) -> dict:
+    """Lay the verified canonical folder ``tmp`` out for ``layout`` and move the output into place."""
+    if layout.name != DEFAULT_LAYOUT:
+        from .export import export_into
+
+        manifest = export_into(tmp, manifest, tmp.parent, layout)
+        shutil.rmtree(tmp)
+    folder.commit()
+    return manifest
+
+
+def _described(encoding: Encoding, ledger: Ledger, hashes: list) -> dict:
+    """The manifest's ``inputs`` and ``tokenizer``: what was read, and how it was tokenized."""
+    return {
+        "inputs": [
+            {"path": s.path, "named": s.named or s.path, "name": os.path.basename(s.path.rstrip("/\\")) or s.path,
+             "kind": s.kind, "format": ledger.formats_seen(number, f), "records": s.records,
+             "bytes": os.path.getsize(s.path) if os.path.isfile(s.path) else None,
+             "sha256": sha256}
+            for number, (s, f, sha256) in enumerate(zip(encoding.sources, encoding.formats, hashes))
+        ],
+        "tokenizer": {**tokenizer_fingerprint(encoding.tokenizer, encoding.tokenizer_name),
+                      "backend": encoding.encoder.backends_summary, "rendering": encoding.encoder.template.name},
+    }
 
 
 def _nothing_to_pack(ledger: Ledger, sources: list[Source]) -> str:
@@ -226,10 +297,14 @@ def _rejected(ledger: Ledger) -> np.ndarray:
     return np.flatnonzero(np.frombuffer(ledger.status, dtype=np.uint8) == REJECTED)
 
 
-def _pack(store: TokenStore, config: PackConfig, ledger: Ledger) -> Bins:
+def _pack(store: TokenStore, config: PackConfig, ledger: Ledger, rounds: list[np.ndarray] | None = None) -> Bins:
+    """The ordered bins of the store's sequences, or of a selection's ``rounds`` (store sequences, each
+    round planned on its own: a copy never shares a row with its twin)."""
     lengths = store.lengths
-    bins = plan_bins(lengths, config.max_len, config.strategy, seed=config.seed, samples_per_row=config.samples_per_row,
-                     overlong=config.overlong, partition_size=config.partition_size)
+    plan = partial(plan_bins, max_len=config.max_len, strategy=config.strategy, seed=config.seed,
+                   samples_per_row=config.samples_per_row, overlong=config.overlong,
+                   partition_size=config.partition_size)
+    bins = plan(lengths) if rounds is None else plan_rounds(lengths, rounds, plan)
     if bins.lengths is not None:  # pieces exist: mark the records that were cut
         cut = bins.lengths < lengths[bins.items]
         for source_index in np.unique(store.source_index(bins.items[cut])).tolist():
@@ -248,7 +323,7 @@ def _segments(bins: Bins, store: TokenStore) -> Segments:
     return Segments(bins.items, bins.starts, lengths, bins.offsets)
 
 
-def _manifest(config, encoding: Encoding, ledger, sequences: int, segments, shards, hashes: list) -> dict:
+def _manifest(config, described: dict, ledger, sequences: int, segments, shards) -> dict:
     status = np.bincount(np.frombuffer(ledger.status, dtype=np.uint8), minlength=len(FATES))
     fates = {fate: int(status[code]) for code, fate in enumerate(FATES)}
     row_lengths = segments.row_lengths()
@@ -259,15 +334,7 @@ def _manifest(config, encoding: Encoding, ledger, sequences: int, segments, shar
     return {
         "packprep_version": __version__,
         "config": asdict(config),
-        "inputs": [
-            {"path": s.path, "named": s.named or s.path, "name": os.path.basename(s.path.rstrip("/\\")) or s.path,
-             "kind": s.kind, "format": ledger.formats_seen(number, f), "records": s.records,
-             "bytes": os.path.getsize(s.path) if os.path.isfile(s.path) else None,
-             "sha256": sha256}
-            for number, (s, f, sha256) in enumerate(zip(encoding.sources, encoding.formats, hashes))
-        ],
-        "tokenizer": {**tokenizer_fingerprint(encoding.tokenizer, encoding.tokenizer_name),
-                      "backend": encoding.encoder.backends_summary, "rendering": encoding.encoder.template.name},
+        **described,
         "counts": {
             "records": len(ledger.status),
             **fates,
@@ -308,7 +375,7 @@ def plan_parts(sources: list[Source], engine: Engine) -> list[Part]:
 
 def write_shards(folder, store: TokenStore, segments: Segments, max_len: int, shard_format: str = "parquet",
                  shard_bytes: int = 500_000_000, progress=None, engine: Engine | None = None,
-                 check: ShardContext | None = None, tokens_done=None) -> tuple[list[dict], list]:
+                 check: ShardContext | None = None, tokens_done=None, split: str = "train") -> tuple[list[dict], list]:
     """Write all rows of ``segments`` as shards under ``folder/data``; return their manifest entries
     and, with ``check``, each shard's check, read back from the file.
 
@@ -322,7 +389,7 @@ def write_shards(folder, store: TokenStore, segments: Segments, max_len: int, sh
     Memory: each writer holds one row group and its Parquet buffers (``packprep.write.writers``).
     """
     engine = engine or LocalEngine()
-    job, plan = prepare_shards(folder, store, segments, max_len, shard_format, shard_bytes)
+    job, plan = prepare_shards(folder, store, segments, max_len, shard_format, shard_bytes, split)
     workers = writers(engine.workers)
     pieces = shard_pieces(plan, job.rows_per_group, runs_per_item(len(plan), workers))
     written = np.zeros((len(plan), 3), np.int64)  # a shard's pieces, tokens, supervised tokens
@@ -335,7 +402,7 @@ def write_shards(folder, store: TokenStore, segments: Segments, max_len: int, sh
     shards = [(index, first, last, *map(int, written[index])) for index, (first, last) in enumerate(plan)]
     entries = list(engine.map(join_shard, job, shards, workers=workers))
     checks = [None] * len(entries) if check is None else check_shards(check, entries, engine, workers)
-    finish_shards(folder, shard_format, entries)
+    finish_shards(folder, shard_format, entries, split)
     return entries, checks
 
 

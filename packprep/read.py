@@ -52,6 +52,8 @@ class Source:
     kind: str
     records: int = 0
     named: str | None = None
+    format: str | None = None  # a mixture source's own --format / --messages-field (mix.py); None: the run's
+    messages_field: str | None = None
 
 
 GLOB_CHARACTERS = "*?["

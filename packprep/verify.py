@@ -17,6 +17,8 @@ Checks (each failure names the shard, the row and the check):
 * ``source_index`` every index is a record of the input
 * ``coverage``     every input record is packed or listed in rejects.jsonl, never both
 * ``counts``       the manifest's counts add up to the records read, and match rows, sequences, tokens and rejects
+* ``split``        (with a validation split) the validation shards hold exactly the records the manifest
+                   lists as held out, and no record is in both splits
 * ``retokenize``   (``retokenize=N``) N random sequences equal their input records rendered and tokenized
                    again with nothing the writer's fast paths use (see retokenize.py)
 
@@ -53,6 +55,7 @@ CHECKS = (
     "source_index",
     "coverage",
     "counts",
+    "split",
 )  # and, when asked for (retokenize=N), "retokenize": tests/test_retokenize.py corrupts for it
 
 
@@ -144,6 +147,8 @@ def verify(folder: str | Path, check_hashes: bool = True, retokenize: int = 0, s
         supervised += shard.supervised
         seen[shard.sources] = True
         complete = complete and shard.complete
+    if manifest.get("validation"):
+        seen, complete = _check_validation(context, manifest, seen, report, engine or LocalEngine(1), complete)
     indices_valid = not any(f.check == "source_index" for f in report.failures)
     _check_coverage(folder, manifest, seen, report, judge_packed=complete and indices_valid)
     _check_counts(manifest, report, supervised if complete else None)
@@ -363,6 +368,38 @@ def _check_rows(table, name, context: ShardContext, check: ShardCheck, sources: 
     return True
 
 
+def _check_validation(context: ShardContext, manifest: dict, seen: np.ndarray, report: Report, engine: Engine,
+                      complete: bool) -> tuple[np.ndarray, bool]:
+    """Check the validation split's shards and totals, and that its records are the held-out ones and
+    in no training row; return the records either split holds, and whether every shard was read."""
+    from .mix import input_starts
+    from .split import members_to_records
+
+    validation = manifest["validation"]
+    held = np.zeros(len(seen), dtype=bool)
+    totals = np.zeros(4, np.int64)  # rows, sequences, tokens, supervised
+    for shard in check_shards(context, validation["shards"], engine):
+        report.failures.extend(shard.failures)
+        held[shard.sources] = True
+        totals += (shard.rows, shard.sequences, shard.tokens, shard.supervised)
+        complete = complete and shard.complete
+    if not complete:
+        return seen | held, complete
+    said = (validation["rows"], validation["sequences"], validation["tokens"]["total"], validation["tokens"]["supervised"])
+    for name, found, manifest_says in zip(("rows", "sequences", "tokens", "supervised tokens"), totals, said):
+        if found != manifest_says:
+            report.failures.append(Failure("counts", f"validation shards hold {found} {name}, manifest says {manifest_says}"))
+    both = np.flatnonzero(seen & held)
+    if len(both):
+        report.failures.append(Failure("split", f"{len(both)} input records are in both train and validation "
+                                       f"(first: {int(both[0])})"))
+    listed = members_to_records(validation["members"], input_starts([i["records"] for i in manifest["inputs"]]))
+    if not np.array_equal(listed, np.flatnonzero(held)):
+        report.failures.append(Failure("split", f"the validation shards hold {int(held.sum())} records; the manifest "
+                                       f"lists {len(listed)} held out, and they differ"))
+    return seen | held, complete
+
+
 def _check_coverage(folder: Path, manifest: dict, seen: np.ndarray, report: Report, judge_packed: bool = True) -> None:
     """Every record packed (``seen``) or rejected, never both; ``judge_packed`` False: rejects.jsonl alone."""
     rejected = np.zeros(len(seen), dtype=np.int64)
@@ -387,9 +424,12 @@ def _check_coverage(folder: Path, manifest: dict, seen: np.ndarray, report: Repo
     if not judge_packed:
         return
     missing = np.flatnonzero(~seen & (rejected == 0))
-    if len(missing):
+    unsampled = manifest["counts"].get("unsampled", 0)  # a mixture's records left out of both splits
+    if len(missing) != unsampled:
         report.failures.append(
-            Failure("coverage", f"{len(missing)} input records are neither packed nor rejected (first: {int(missing[0])})")
+            Failure("coverage", f"{len(missing)} input records are neither packed nor rejected"
+                    + (f" (first: {int(missing[0])})" if len(missing) else "")
+                    + (f"; the mixture left {unsampled} out" if unsampled else ""))
         )
     both = np.flatnonzero(seen & (rejected > 0))
     if len(both):
@@ -399,9 +439,10 @@ def _check_coverage(folder: Path, manifest: dict, seen: np.ndarray, report: Repo
 def _check_counts(manifest: dict, report: Report, supervised: int | None) -> None:
     """The manifest's counts add up; ``supervised`` None: a shard was unreadable, skip shard totals."""
     counts = manifest["counts"]
-    fates = counts["packed"] + counts["truncated"] + counts["split"] + counts["rejected"]
+    fates = counts["packed"] + counts["truncated"] + counts["split"] + counts["rejected"] + counts.get("unsampled", 0)
     if fates != counts["records"]:
-        report.failures.append(Failure("counts", f"packed+truncated+split+rejected = {fates}, records = {counts['records']}"))
+        report.failures.append(Failure("counts", f"packed+truncated+split+rejected+unsampled = {fates}, "
+                                       f"records = {counts['records']}"))
     if sum(counts["rejected_by_reason"].values()) != counts["rejected"]:
         report.failures.append(Failure("counts", "rejected_by_reason does not add up to rejected"))
     if supervised is None:

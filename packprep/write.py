@@ -145,24 +145,24 @@ def plan_shards(row_lengths: np.ndarray, row_sequences: np.ndarray, shard_bytes:
         start, before = stop, int(ends[stop - 1])
 
 
-def shard_name(index: int, count: int, shard_format: str) -> str:
-    return f"data/train-{index:05d}-of-{count:05d}.{shard_format}"
+def shard_name(index: int, count: int, shard_format: str, split: str = "train") -> str:
+    return f"data/{split}-{index:05d}-of-{count:05d}.{shard_format}"
 
 
 def prepare_shards(folder: Path, store: TokenStore, segments: Segments, max_len: int, shard_format: str = "parquet",
-                   shard_bytes: int = 500_000_000) -> tuple["ShardJob", list[tuple[int, int]]]:
+                   shard_bytes: int = 500_000_000, split: str = "train") -> tuple["ShardJob", list[tuple[int, int]]]:
     """The write stage's context and the shards' rows ``(first, stop)``, planned from the rows' lengths,
     with the pieces' folder made; ``packprep.pipeline.write_shards`` runs the stages on an engine."""
     _arrow_ready()
     plan = plan_shards(segments.row_lengths(), np.diff(segments.offsets), shard_bytes)
     (folder / PIECES).mkdir()
-    return ShardJob(folder, store, segments, max_len, shard_format, len(plan)), plan
+    return ShardJob(folder, store, segments, max_len, shard_format, len(plan), split), plan
 
 
-def finish_shards(folder: Path, shard_format: str, entries: list[dict]) -> None:
+def finish_shards(folder: Path, shard_format: str, entries: list[dict], split: str = "train") -> None:
     """After the joins: the pieces' folder goes, and an Arrow ``data/`` gets its dataset state."""
     (folder / PIECES).rmdir()
-    if shard_format == "arrow":
+    if shard_format == "arrow" and split == "train":  # load_from_disk(DIR/data) reads the train split
         write_arrow_dataset_state(folder / "data", entries)
 
 
@@ -198,13 +198,13 @@ def shard_pieces(plan: list[tuple[int, int]], rows_per_group: int, per_shard: in
 class ShardJob:
     """What writing any shard needs: the write stage's context (the token store's index, the pieces)."""
 
-    def __init__(self, folder, store, segments, max_len, shard_format, count):
-        self.folder, self.store, self.segments = folder, store, segments
+    def __init__(self, folder, store, segments, max_len, shard_format, count, split="train"):
+        self.folder, self.store, self.segments, self.split = folder, store, segments, split
         self.rows_per_group = max(1, ROW_GROUP_TOKENS // max(1, max_len))
         self.shard_format, self.count = shard_format, count
 
     def piece_path(self, index: int, number: int) -> Path:
-        return self.folder / PIECES / f"{index:05d}-{number:05d}.{self.shard_format}"
+        return self.folder / PIECES / f"{self.split}-{index:05d}-{number:05d}.{self.shard_format}"
 
 
 def write_piece(job: ShardJob, piece: tuple[int, int, int, int]) -> tuple[int, int]:
@@ -225,7 +225,7 @@ def write_piece(job: ShardJob, piece: tuple[int, int, int, int]) -> tuple[int, i
 def join_shard(job: ShardJob, shard: tuple[int, int, int, int, int, int]) -> dict:
     """The join stage: join shard ``index``'s pieces into it; return its manifest entry."""
     index, first, last, pieces, tokens, supervised = shard
-    name = shard_name(index, job.count, job.shard_format)
+    name = shard_name(index, job.count, job.shard_format, job.split)
     path = job.folder / name
     sha256 = join_pieces([job.piece_path(index, number) for number in range(pieces)], path, job.shard_format)
     return {"path": name, "rows": last - first, "tokens": tokens, "supervised_tokens": supervised,

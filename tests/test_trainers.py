@@ -10,6 +10,8 @@ naming the cause.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -20,6 +22,7 @@ import packprep  # noqa: E402
 from packprep.export import export  # noqa: E402
 from packprep.torch import PackedDataset, PackingIsolationError, check_pipeline, collate_packed  # noqa: E402
 from packprep.torch.isolation import locate_sequences  # noqa: E402
+from packprep.verify import read_manifest  # noqa: E402
 
 from .conftest import EXAMPLE_CHATS, EXAMPLE_TOKENIZER  # noqa: E402
 
@@ -30,7 +33,8 @@ torch.set_num_threads(min(2, torch.get_num_threads()))
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("trainers")
-    packprep.pack(str(EXAMPLE_CHATS), str(root / "packed"), str(EXAMPLE_TOKENIZER), max_len=MAX_LEN, num_proc=1)
+    packprep.pack(str(EXAMPLE_CHATS), str(root / "packed"), str(EXAMPLE_TOKENIZER), max_len=MAX_LEN, num_proc=1,
+                  validation_size=0.1)
     export(root / "packed", "trl", root / "trl")
     return {"packprep": root / "packed", "trl": root / "trl", "root": root}
 
@@ -85,16 +89,28 @@ def assert_trainer_batches_exact(trainer, folder, batches=2):
 # ---------------------------------------------------------------------------------------------
 
 
+def assert_evaluates_on_validation(trainer, folder):
+    """The trainer's own evaluation loop runs on every sequence of the validation split (each starts at
+    position 0), to a finite loss."""
+    manifest = read_manifest(folder)
+    sequences = sum(int((batch["position_ids"] == 0).sum()) for batch in trainer.get_eval_dataloader())
+    assert sequences == manifest["validation"]["sequences"] > 0
+    metrics = trainer.evaluate()
+    assert math.isfinite(metrics["eval_loss"]) and metrics["eval_loss"] > 0
+
+
 def test_hf_trainer_recipe(folders, tokenizer):
     folder = folders["packprep"]
     trainer = transformers.Trainer(
         model=tiny_llama(tokenizer), args=transformers.TrainingArguments(**common_args(folders["root"], "hf")),
         train_dataset=datasets.load_dataset(str(folder), split="train"), data_collator=collate_packed,
+        eval_dataset=datasets.load_dataset(str(folder), split="validation"),
     )
     report = check_pipeline(trainer, data=folder)
     assert report["max_abs_diff"] < 1e-3
     assert abs(report["loss_packed"] - report["loss_alone"]) <= 1e-5 * report["loss_alone"]
     assert_trainer_batches_exact(trainer, folder)
+    assert_evaluates_on_validation(trainer, folder)
 
 
 @pytest.mark.parametrize("collator, cause", [
@@ -134,21 +150,24 @@ def test_check_pipeline_names_a_kv_cache(folders, tokenizer):
 # ---------------------------------------------------------------------------------------------
 
 
-def sft_trainer(folders, tokenizer, layout="trl", **config):
+def sft_trainer(folders, tokenizer, layout="trl", evaluate=False, **config):
     import trl  # the test extra installs it: CI runs the TRL recipe
 
     args = trl.SFTConfig(**{**common_args(folders["root"], f"trl-{layout}"), **config})
     return trl.SFTTrainer(model=tiny_llama(tokenizer), args=args, processing_class=tokenizer,
-                          train_dataset=datasets.load_dataset(str(folders[layout]), split="train"))
+                          train_dataset=datasets.load_dataset(str(folders[layout]), split="train"),
+                          eval_dataset=datasets.load_dataset(str(folders[layout]), split="validation")
+                          if evaluate else None)
 
 
 def test_trl_recipe(folders, tokenizer):
-    trainer = sft_trainer(folders, tokenizer, padding_free=True, max_length=None,
+    trainer = sft_trainer(folders, tokenizer, evaluate=True, padding_free=True, max_length=None,
                           dataset_kwargs={"skip_prepare_dataset": True})
     report = check_pipeline(trainer, data=folders["trl"])
     assert report["max_abs_diff"] < 1e-3
     assert abs(report["loss_packed"] - report["loss_alone"]) <= 1e-5 * report["loss_alone"]
     assert_trainer_batches_exact(trainer, folders["trl"])
+    assert_evaluates_on_validation(trainer, folders["trl"])
 
 
 @pytest.mark.parametrize("layout, config, cause", [

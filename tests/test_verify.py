@@ -40,12 +40,13 @@ WORKERS = 2
 
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory) -> Path:
-    """A valid output of the bundled example: more shards than WORKERS, truncated and rejected records."""
+    """A valid output of the bundled example: more shards than WORKERS, truncated and rejected records,
+    and a validation split."""
     tokenizer = fixture_tokenizer("llama3") if FIXTURES.is_dir() else str(EXAMPLE_TOKENIZER)
     out = tmp_path_factory.mktemp("verify") / "packed"
     manifest = packprep.pack(str(EXAMPLE_CHATS), str(out), tokenizer, num_proc=1, max_len=MAX_LEN,
-                             shard_size="100KB")
-    assert len(manifest["shards"]) >= 2 * WORKERS
+                             shard_size="100KB", validation_size=20)
+    assert len(manifest["shards"]) >= 2 * WORKERS and manifest["validation"]["sequences"] == 20
     assert manifest["counts"]["rejected"] > 0 and (out / "rejects.jsonl").is_file()
     return out
 
@@ -107,15 +108,17 @@ def rewrite(folder: Path, rows: list[dict], index: int = TARGET, schema: pa.Sche
 
 def verify_both(folder: Path) -> Report:
     """The inline report, once the parallel one is found equal to it (failures in the same order)
-    and every shard the manifest lists was handed to the engine as check tasks, in manifest order."""
+    and every shard the manifest lists was handed to the engine as check tasks, in manifest order (train,
+    then validation)."""
     engine = RecordingEngine()
     parallel = verify_folder(folder, engine=engine)
     inline = verify(folder)
     assert parallel == inline, ([str(f) for f in parallel.failures], [str(f) for f in inline.failures])
     if not {f.check for f in inline.failures} & {"manifest", "layout"}:  # (else no shard is read)
         assert {fn for fn, *_ in engine.tasks} == {check_part}
+        manifest = load_manifest(folder)
         assert list(dict.fromkeys(path for _, path, _ in engine.tasks)) == [
-            shard["path"] for shard in load_manifest(folder)["shards"]]
+            shard["path"] for shard in manifest["shards"] + manifest["validation"]["shards"]]
     return inline
 
 
@@ -234,6 +237,15 @@ def corrupt_counts(folder: Path):
     return None, None
 
 
+def corrupt_split(folder: Path):
+    manifest = load_manifest(folder)
+    trained = read_rows(folder)[0]["source_index"][0]
+    # the manifest says a training record is held out (its input 0 starts at record 0)
+    manifest["validation"]["members"][0]["indices"] = sorted(manifest["validation"]["members"][0]["indices"] + [trained])
+    save_manifest(folder, manifest)
+    return None, None
+
+
 CORRUPTIONS = {
     "manifest": corrupt_manifest,
     "layout": corrupt_layout,
@@ -247,6 +259,7 @@ CORRUPTIONS = {
     "source_index": corrupt_source_index,
     "coverage": corrupt_coverage,
     "counts": corrupt_counts,
+    "split": corrupt_split,
 }
 
 

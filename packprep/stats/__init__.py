@@ -43,6 +43,7 @@ from ..engines import make_engine
 from ..errors import ConfigError
 from ..normalize import CHANGES
 from .collect import collect_folder, collect_inputs, distribution, log_histogram
+from .mixture import mixture_what_if
 from .plot import plot, require_matplotlib
 from .report import render_text
 from .whatif import DEFAULT_MAX_LENS, DEFAULT_STRATEGIES, check_plan, what_if
@@ -74,6 +75,8 @@ def stats(
     progress: bool = False,
     dp_size: int | None = None,
     rows_per_step: int = 1,
+    mix: str | None = None,
+    validation_size: float | None = None,
     **settings,
 ) -> dict:
     """Length statistics and the what-if table for ``inputs``, tokenized as ``pack`` would.
@@ -81,44 +84,43 @@ def stats(
     ``settings`` are the :class:`packprep.PackConfig` fields that shape reading and tokenizing
     (``format``, ``messages_field``, ``text_field``, ``train_on``, ``on_error``) and the what-if
     (``overlong``, ``seed``, ``samples_per_row``). ``max_lens`` and ``strategies`` default to
-    :data:`DEFAULT_MAX_LENS` and :data:`DEFAULT_STRATEGIES`. Nothing is written. Returns a
-    JSON-ready dict (``kind: "inputs"``) that :func:`render_text` and :func:`plot` draw; for a
-    single packed output folder (holding ``packprep.json``), :func:`stats_folder`'s report.
+    :data:`DEFAULT_MAX_LENS` and :data:`DEFAULT_STRATEGIES`; ``mix``, ``validation_size`` as pack's (a
+    ``mixture`` table; the what-if of the training split). Nothing is written. Returns a JSON-ready dict
+    (``kind: "inputs"``) that :func:`render_text` and :func:`plot` draw; for a single packed output
+    folder (holding ``packprep.json``), :func:`stats_folder`'s report.
     ``dp_size`` (with ``rows_per_step`` and the ``model_config`` setting) adds the predicted step
     efficiency over that many data-parallel ranks, shuffled and balanced (:func:`what_if`).
     """
+    from ..mix import open_inputs
     from ..pipeline import PackConfig
-    from ..read import resolve_inputs
 
     paths = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
-    if len(paths) == 1 and is_packed_folder(paths[0]):
+    if len(paths) == 1 and is_packed_folder(paths[0]) and mix is None:
         return stats_folder(paths[0], global_batch_size=global_batch_size, epochs=epochs, dp_size=dp_size,
                             rows_per_step=rows_per_step, model_config=settings.get("model_config"))
     if not tokenizer:
         raise ConfigError("--tokenizer is required for input files (only a packed folder, holding "
                           "packprep.json, needs none)")
-    max_lens = DEFAULT_MAX_LENS if max_lens is None else max_lens
-    strategies = DEFAULT_STRATEGIES if strategies is None else strategies
-    max_lens, strategies = check_plan(
-        max_lens, strategies, global_batch_size, epochs,
-        settings.get("overlong", "truncate"), settings.get("samples_per_row"),
-    )
+    max_lens, strategies = check_plan(DEFAULT_MAX_LENS if max_lens is None else max_lens,
+                                      DEFAULT_STRATEGIES if strategies is None else strategies, global_batch_size,
+                                      epochs, settings.get("overlong", "truncate"), settings.get("samples_per_row"))
     if dp_size is not None and (dp_size < 1 or rows_per_step < 1):
         raise ConfigError("--dp-size and --rows-per-step must be at least 1")
     config = PackConfig.from_settings({**settings, "max_len": max(max_lens)}, "stats")
-    sources = resolve_inputs([str(path) for path in paths])
+    sources, mixture = open_inputs([str(path) for path in paths], mix, validation_size)
     encoding = Encoding.open(sources, tokenizer, config, min(max_lens))
     tally = Ledger(config.on_error)
     engine = make_engine("local", num_proc)
     collected = collect_inputs(encoding, tally, max_lens, engine, progress)
     lengths, supervised, turns = collected.lengths, collected.supervised, collected.turns
-    table = what_if(
-        lengths, supervised, max_lens, strategies,
-        supervised_within=collected.within, split_masked=collected.masked, overlong=config.overlong, seed=config.seed,
-        samples_per_row=config.samples_per_row, partition_size=config.partition_size,
-        global_batch_size=global_batch_size, epochs=epochs,
-        dp_size=dp_size, rows_per_step=rows_per_step, cost=model_cost(config.model_config),
-    )
+    plan = dict(overlong=config.overlong, seed=config.seed, samples_per_row=config.samples_per_row,
+                partition_size=config.partition_size, global_batch_size=global_batch_size, epochs=epochs,
+                dp_size=dp_size, rows_per_step=rows_per_step, cost=model_cost(config.model_config))
+    if mixture is None:
+        mixed, table = None, what_if(lengths, supervised, max_lens, strategies, supervised_within=collected.within,
+                                     split_masked=collected.masked, **plan)
+    else:  # the training split the mixture makes at each max_len
+        mixed, table = mixture_what_if(mixture, collected, tally, sources, list(max_lens), list(strategies), **plan)
     rejected = sum(tally.reasons.values())
     return {
         "kind": "inputs",
@@ -149,6 +151,7 @@ def stats(
                 "cost_model": model_cost(config.model_config).as_dict()} if dp_size else {}),
             "rows": table,
         },
+        **({"mixture": mixed} if mixture is not None else {}),
     }
 
 

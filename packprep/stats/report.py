@@ -141,6 +141,7 @@ def render_text(report: dict) -> str:
         f"{report['tokens']['total']:,} tokens, {report['tokens']['supervised']:,} supervised "
         f"({report['tokens']['supervised'] / max(1, report['tokens']['total']):.1%})"
     )
+    lines += _mixture_lines(report.get("mixture"))
     lines.append("")
     d = report["distribution"]
     lines.append("per conversation:")
@@ -174,6 +175,21 @@ def _step_lines(plan: dict) -> list[str]:
     lines.extend(_wrap("  shuffled: rows dealt by a shuffling sampler; balanced: pack --balance-dp "
                        f"{plan['dp_size']} --rows-per-step {plan['rows_per_step']}, read in order; "
                        "attn share: attention's share of the cost", indent="    "))
+    return lines
+
+
+def _mixture_lines(mixture: dict | None) -> list[str]:
+    """The mixture's sources: as asked for, and what the training split holds at the longest max_len."""
+    if not mixture:
+        return []
+    lines = ["", f"mixture (training split at max_len {_n(mixture['max_len'])}; what-if below: per max_len):",
+             f"  {'source':<18} {'convs':>7} {'tokens':>9} {'asked':>11} {'held out':>8} {'in train':>8} {'share':>6}"]
+    for s in mixture["sources"]:
+        name = s["name"].replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
+        name = name if len(name) <= 18 else name[:15] + "..."
+        asked = f"share {s['share']:g}" if "share" in s else f"weight {s['weight']:g}"
+        lines.append(f"  {name:<18} {_n(s['conversations']):>7} {_n(s['tokens']):>9} {asked:>11} "
+                     f"{_n(s['validation_records']):>8} {_n(s['train_sequences']):>8} {s['realized_share']:>6.1%}")
     return lines
 
 

@@ -28,16 +28,18 @@ class _Shard:
 class PackedDataset:
     """Map-style dataset over packprep shards: ``ds[i]`` is packed row ``i`` as numpy arrays.
 
-    ``dir_or_files``: an output folder (with ``data/`` and ``packprep.json``), a folder of
-    shards, one shard file, or a list of shard files (``.parquet`` or Arrow IPC ``.arrow``).
+    ``dir_or_files``: an output folder (with ``data/`` and ``packprep.json``: its ``split``, ``train``
+    unless ``split="validation"``), a folder of shards, one shard file, or a list of shard files
+    (``.parquet`` or Arrow IPC ``.arrow``).
     ``columns``: the list columns to load (default: all canonical ones present). Rows always
     carry canonical names, whatever the folder's layout (``trl``'s ``seq_lengths`` reads as
     ``seq_lens``); a layout that is more than renamed columns is refused. Shards are opened
     lazily, per process, so the dataset is safe to hand to ``DataLoader`` workers.
     """
 
-    def __init__(self, dir_or_files: str | os.PathLike | Sequence[str | os.PathLike], columns: Sequence[str] | None = None):
-        self.files = shard_files(dir_or_files)
+    def __init__(self, dir_or_files: str | os.PathLike | Sequence[str | os.PathLike], columns: Sequence[str] | None = None,
+                 split: str = "train"):
+        self.files = shard_files(dir_or_files, split)
         self.columns = tuple(columns) if columns is not None else COLUMN_NAMES
         self.manifest: dict[str, Any] | None = None
         if isinstance(dir_or_files, (str, os.PathLike)) and os.path.isdir(dir_or_files):

@@ -1,0 +1,318 @@
+"""Step 4a': which sequences a run trains on, and how often: a mixture of sources and a validation split.
+
+``pack --mix MIX.yaml`` names sources, each with a ``weight`` (a multiplier of its records) or a
+``share`` (its fraction of the output's tokens); ``--validation-size`` holds records out. Both are
+decided here, after tokenizing (a share needs token counts) and before packing, as a
+:class:`Selection` of the token store's sequences: the validation records first (so no record, nor
+a copy of one, is in both splits), then each source's copies. Every draw is seeded by ``--seed`` and
+the source's position, and made on the store, which is the same for any ``--num-proc``: so is the
+selection. The training sequences are listed in rounds (every record once, then the records with a
+second copy, ...), and each round is packed on its own (:func:`plan_rounds`): a record's copies are
+never in one row, at the cost of at most a part-filled row a round.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import ConfigError
+from .normalize import FORMATS
+from .packing import Bins
+from .read import Source, resolve_inputs
+
+MIX_KEYS = ("path", "name", "weight", "share", "format", "messages_field")
+UNSAMPLED = 4  # a ledger status beside encode.FATES: an accepted record the mixture left out
+SHARE_TOLERANCE = 1e-6
+
+
+@dataclass
+class MixSource:
+    """One source of a mixture: a file, folder, pattern or Hub id, and how much of it to train on."""
+
+    path: str
+    name: str
+    weight: float | None = None  # exactly one of weight and share
+    share: float | None = None
+    format: str | None = None
+    messages_field: str | None = None
+
+    def describe(self) -> dict:
+        return {"name": self.name, "path": self.path,
+                **({"share": self.share} if self.share is not None else {"weight": self.weight})}
+
+
+def load_mix(path: str | os.PathLike | None, inputs: list[str] = ()) -> list[MixSource]:
+    """The sources of the mixture file ``path`` (YAML or JSON), after ``inputs`` at weight 1.
+
+    A source's relative path is taken from the mixture file's folder where it exists there.
+    """
+    sources = [MixSource(spec, spec, weight=1.0) for spec in inputs]
+    if path is None:
+        return sources
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"--mix {path}: cannot read it ({exc.strerror or exc})") from None
+    try:
+        import yaml
+
+        data = yaml.safe_load(text) if not str(path).endswith(".json") else json.loads(text)
+    except Exception as exc:
+        raise ConfigError(f"--mix {path}: not valid YAML or JSON ({str(exc).splitlines()[0]})") from None
+    entries = data.get("sources") if isinstance(data, dict) else data
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError(f"--mix {path}: expected a list of sources (or a 'sources:' key holding one), "
+                          "each with a 'path' and a 'weight' or a 'share'")
+    base = Path(path).parent
+    for number, entry in enumerate(entries, start=1):
+        sources.append(_mix_source(entry, f"--mix {path}, source {number}", base))
+    names = [s.name for s in sources]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigError(f"--mix {path}: source name {twice[0]!r} is used twice; give each source its own 'name'")
+    return sources
+
+
+def _mix_source(entry, where: str, base: Path) -> MixSource:
+    if isinstance(entry, str):
+        entry = {"path": entry}
+    if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
+        raise ConfigError(f"{where}: needs a 'path' (a file, folder, pattern or Hub id)")
+    unknown = sorted(set(entry) - set(MIX_KEYS))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(MIX_KEYS)})")
+    if "weight" in entry and "share" in entry:
+        raise ConfigError(f"{where}: give a 'weight' or a 'share', not both")
+    local = str(base / entry["path"])  # a file, folder or pattern beside the mixture file
+    beside = not os.path.isabs(entry["path"]) and (os.path.exists(local) or glob.glob(local))
+    path = local if beside else entry["path"]
+    source = MixSource(path, str(entry.get("name") or entry["path"]), format=entry.get("format"),
+                       messages_field=entry.get("messages_field"))
+    if source.format is not None and source.format not in FORMATS:
+        raise ConfigError(f"{where}: format must be one of {', '.join(FORMATS)}")
+    if "share" in entry:
+        source.share = _number(entry["share"], "share", where)
+        if not 0 < source.share < 1 + SHARE_TOLERANCE:
+            raise ConfigError(f"{where}: share must be above 0 and at most 1, not {source.share}")
+    else:
+        source.weight = _number(entry.get("weight", 1), "weight", where)
+        if source.weight < 0:
+            raise ConfigError(f"{where}: weight must be 0 or more, not {source.weight}")
+    return source
+
+
+def _number(value, key: str, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigError(f"{where}: {key} must be a number, not {value!r}")
+    return float(value)
+
+
+def open_inputs(inputs: list[str], mix: str | None, validation_size: float | None) -> tuple[list[Source], "Mixture | None"]:
+    """The input files of a run, and its mixture where it has one (``--mix`` or ``--validation-size``)."""
+    if mix is None and not validation_size:
+        return resolve_inputs(inputs), None
+    check_validation_size(validation_size)
+    sources = load_mix(mix, inputs)
+    if not sources:
+        raise ConfigError("no input given: pass input files, or --mix with a mixture file")
+    mixture = Mixture(sources, [], validation_size)
+    files, mixture.groups = resolve_mix(sources)
+    return files, mixture
+
+
+def resolve_mix(mix: list[MixSource]) -> tuple[list[Source], list[int]]:
+    """The input files of every source, in order, and the source each file belongs to."""
+    files, groups = [], []
+    for number, source in enumerate(mix):
+        for found in resolve_inputs([source.path]):
+            found.format, found.messages_field = source.format, source.messages_field
+            files.append(found)
+            groups.append(number)
+    return files, groups
+
+
+def check_validation_size(size: float | None) -> None:
+    if size is not None and (size <= 0 or (size >= 1 and size != int(size))):
+        raise ConfigError("--validation-size must be a fraction between 0 and 1, or a whole number of records")
+
+
+@dataclass
+class Selection:
+    """What each split packs, as token-store sequence numbers: ``train`` in rounds (every record with a
+    copy once, ascending; then those with a second; ...: ``round_starts``), ``validation`` ascending;
+    ``unsampled``: the accepted sequences neither packs."""
+
+    train: np.ndarray
+    validation: np.ndarray
+    unsampled: np.ndarray
+    round_starts: np.ndarray  # int64, rounds + 1: where each round of ``train`` starts
+
+    def rounds(self, split: str = "train") -> list[np.ndarray]:
+        """The split's sequences in rounds, none twice in a round (validation: one round)."""
+        if split != "train":
+            return [self.validation]
+        return [self.train[a:b] for a, b in zip(self.round_starts[:-1], self.round_starts[1:])]
+
+    @classmethod
+    def from_copies(cls, copies: np.ndarray, held_out: np.ndarray) -> "Selection":
+        """The selection of ``copies`` (per sequence, in training) and ``held_out`` (a mask)."""
+        rounds = [np.flatnonzero(copies > r) for r in range(int(copies.max(initial=0)))]
+        train = np.concatenate(rounds) if rounds else np.zeros(0, np.int64)
+        starts = np.concatenate([[0], np.cumsum([len(r) for r in rounds])]).astype(np.int64)
+        return cls(train.astype(np.int64), np.flatnonzero(held_out).astype(np.int64),
+                   np.flatnonzero((copies == 0) & ~held_out).astype(np.int64), starts)
+
+    def copies(self, sequences: int) -> np.ndarray:
+        return np.bincount(self.train, minlength=sequences)
+
+
+def plan_selection(mix: list[MixSource], group_of: np.ndarray, lengths: np.ndarray, seed: int,
+                   validation_size: float | None) -> Selection:
+    """The selection of the store's sequences (``group_of``: each one's mixture source; ``lengths``: its
+    tokens): validation first, then the weights, then the shares (whose targets the weights fix)."""
+    from .split import hold_out
+
+    held_out = hold_out(group_of, len(mix), validation_size, seed)
+    copies = np.zeros(len(lengths), np.int64)
+    fixed_tokens = 0
+    for number, source in enumerate(mix):
+        if source.weight is not None:
+            members = np.flatnonzero((group_of == number) & ~held_out)
+            copies[members] = _weighted(len(members), source.weight, _rng(seed, number))
+            fixed_tokens += int((copies[members] * lengths[members]).sum())
+    shares = [(n, s) for n, s in enumerate(mix) if s.share is not None]
+    if shares:
+        total = _share_total(mix, shares, group_of, held_out, lengths, fixed_tokens)
+        for number, source in shares:
+            members = np.flatnonzero((group_of == number) & ~held_out)
+            if not len(members) or not lengths[members].sum():
+                raise ConfigError(f"mixture source {source.name!r} has no records left to reach its share")
+            copies[members] = _to_tokens(lengths[members], source.share * total, _rng(seed, number))
+    return Selection.from_copies(copies, held_out)
+
+
+def _rng(seed: int, number: int) -> np.random.Generator:
+    return np.random.default_rng([seed, 0x6D6978, number])  # "mix"
+
+
+def _weighted(records: int, weight: float, rng: np.random.Generator) -> np.ndarray:
+    """Copies of each record: the integer part of ``weight`` each, one more for a seeded sample of
+    round-half-up(fraction x records) of them (0.5 of 7 records: 4)."""
+    whole = int(weight)
+    extra = min(records, int(math.floor((weight - whole) * records + 0.5)))
+    copies = np.full(records, whole, np.int64)
+    copies[rng.choice(records, extra, replace=False)] += 1
+    return copies
+
+
+def _share_total(mix, shares, group_of, held_out, lengths, fixed_tokens: int) -> float:
+    """The output's tokens that the shares are fractions of. With weighted sources, what makes their
+    tokens the rest (1 - sum of shares); with shares alone (adding up to 1), the sources' own total."""
+    total_share = sum(s.share for _, s in shares)
+    if len(shares) == len(mix):
+        if abs(total_share - 1) > SHARE_TOLERANCE:
+            raise ConfigError(f"the mixture's shares add up to {total_share:g}; with no weighted source they must "
+                              "add up to 1")
+        return float(lengths[~held_out].sum())
+    if total_share >= 1 - SHARE_TOLERANCE:
+        raise ConfigError(f"the mixture's shares add up to {total_share:g}, leaving nothing for its weighted "
+                          "sources; make them add up to less than 1")
+    if fixed_tokens == 0:
+        raise ConfigError("the mixture's weighted sources give no tokens, so its shares have nothing to be a share "
+                          "of; give a source a weight above 0, or give every source a share")
+    return fixed_tokens / (1 - total_share)
+
+
+def _to_tokens(lengths: np.ndarray, target: float, rng: np.random.Generator) -> np.ndarray:
+    """Copies of each record whose tokens come nearest ``target``: whole passes over the records, a seeded
+    random prefix of them that stays within the rest, then the one other record that best fills the gap."""
+    tokens = int(lengths.sum())
+    whole = int(target // tokens)
+    copies = np.full(len(lengths), whole, np.int64)
+    rest = target - whole * tokens
+    order = rng.permutation(len(lengths))
+    running = np.cumsum(lengths[order])
+    take = int(np.searchsorted(running, rest, side="right"))
+    copies[order[:take]] += 1
+    gap = rest - (int(running[take - 1]) if take else 0)
+    if take < len(order):
+        others = order[take:]
+        best = others[int(np.argmin(np.abs(lengths[others] - gap)))]
+        if abs(int(lengths[best]) - gap) < gap:
+            copies[best] += 1
+    return copies
+
+
+def plan_rounds(lengths: np.ndarray, rounds: list[np.ndarray], plan) -> Bins:
+    """The bins of each round (store sequences, none twice in a round) planned on its own by ``plan``
+    (lengths -> Bins), in round order, over store sequences: a copy is never in a row with its twin."""
+    parts = [plan(lengths[members]) for members in rounds]
+    items = np.concatenate([members[part.items] for members, part in zip(rounds, parts)] or [np.zeros(0, np.int64)])
+    sizes = np.concatenate([np.diff(part.offsets) for part in parts] or [np.zeros(0, np.int64)])
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    if not parts or parts[0].starts is None:
+        return Bins(items, offsets)
+    return Bins(items, offsets, np.concatenate([p.starts for p in parts]), np.concatenate([p.lengths for p in parts]))
+
+
+@dataclass
+class Mixture:
+    """A run's mixture (its sources, and the source of each input file), validation size and, once the
+    store is made, its selection."""
+
+    sources: list[MixSource]
+    groups: list[int]
+    validation_size: float | None = None
+    selection: Selection | None = None
+
+    def select(self, records: np.ndarray, input_records: list[int], lengths: np.ndarray, seed: int) -> Selection:
+        """Plan the selection of the store's sequences (``records``: each one's input record number)."""
+        self.selection = plan_selection(self.sources, self.group_of(records, input_records), lengths, seed,
+                                        self.validation_size)
+        if not len(self.selection.train):
+            raise ConfigError("the mixture leaves no record to train on (every weight is 0, or its sources have "
+                              "no accepted record); give a source a weight above 0")
+        return self.selection
+
+    def group_of(self, records: np.ndarray, input_records: list[int]) -> np.ndarray:
+        starts = input_starts(input_records)
+        return np.asarray(self.groups, np.int64)[np.searchsorted(starts, records, side="right") - 1]
+
+    def table(self, records: np.ndarray, lengths: np.ndarray, inputs: list[dict]) -> dict:
+        """The manifest's ``mixture``: each source as asked for and as realized in ``train``."""
+        group_of = self.group_of(records, [entry["records"] for entry in inputs])
+        copies = self.selection.copies(len(records))
+        held = np.zeros(len(records), bool)
+        held[self.selection.validation] = True
+        tokens = np.bincount(group_of, copies * lengths.astype(np.int64), minlength=len(self.sources))
+        total = max(1, int(tokens.sum()))
+        rows = []
+        for number, source in enumerate(self.sources):
+            mine = group_of == number
+            files = [n for n, group in enumerate(self.groups) if group == number]
+            rows.append({
+                **source.describe(), "inputs": files, "sha256": [inputs[n]["sha256"] for n in files],
+                "records": sum(inputs[n]["records"] for n in files), "sequences": int(mine.sum()),
+                "validation_records": int((mine & held).sum()), "train_records": int((mine & (copies > 0)).sum()),
+                "train_sequences": int(copies[mine].sum()), "train_tokens": int(tokens[number]),
+                "realized_share": round(int(tokens[number]) / total, 6),
+            })
+        return {"seed_dependent": self.seed_dependent, "sources": rows}
+
+    @property
+    def seed_dependent(self) -> bool:
+        """Whether ``--seed`` chose records (a sample, a share, a validation split)."""
+        return bool(self.validation_size) or any(
+            s.share is not None or s.weight != int(s.weight) for s in self.sources)
+
+
+def input_starts(input_records: list[int]) -> np.ndarray:
+    """The first input record number of each input file (and the total at the end)."""
+    return np.concatenate([[0], np.cumsum(np.asarray(input_records, np.int64))]).astype(np.int64)

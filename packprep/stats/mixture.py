@@ -1,0 +1,56 @@
+"""stats, mixture: what ``pack --mix ... --validation-size ...`` would train on, per source, and the what-if
+table of that training split at each ``--max-len``.
+
+A share is a fraction of the tokens after ``--overlong`` at the row length, so each ``--max-len`` gets
+its own selection, drawn as ``pack`` draws it (:func:`packprep.mix.plan_selection`, same seed); the
+what-if rows of a length are planned on that length's training sequences, copies included (the
+validation split is left out). The per-source table is the selection at the longest ``--max-len``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..encode import REJECTED
+from ..mix import Mixture, plan_selection
+from ..plan import DROPPED, EMPTIED, overlong_fates
+from .whatif import what_if
+
+
+def mixture_what_if(mixture: Mixture, collected, tally, sources, max_lens: list[int], strategies: list[str],
+                    *, overlong: str, seed: int, **plan) -> tuple[dict, list[dict]]:
+    """(the per-source table, the what-if rows) of ``collected`` (stats' lengths of the accepted
+    conversations, ``tally`` their ledger) under ``mixture``."""
+    records = np.flatnonzero(np.frombuffer(tally.status, np.uint8) != REJECTED)  # each conversation's
+    group_of = mixture.group_of(records, [source.records for source in sources])
+    rows, table = [], None
+    for max_len in sorted(max_lens):
+        lengths = collected.lengths
+        fates = overlong_fates(lengths, max_len, overlong, collected.within[max_len])
+        kept = np.flatnonzero((fates != DROPPED) & (fates != EMPTIED))
+        clipped = np.minimum(lengths, max_len) if overlong == "truncate" else lengths
+        selection = plan_selection(mixture.sources, group_of[kept], clipped[kept], seed, mixture.validation_size)
+        train = kept[selection.train]
+        rows += what_if(lengths[train], collected.supervised[train], [max_len], strategies,
+                        supervised_within={max_len: collected.within[max_len][train]},
+                        split_masked={max_len: collected.masked[max_len][train]}, overlong=overlong, seed=seed,
+                        **plan)
+        table = _table(mixture, group_of, lengths, kept, clipped, selection)
+    return {"max_len": max(max_lens), "validation_size": mixture.validation_size, "sources": table}, rows
+
+
+def _table(mixture: Mixture, group_of, lengths, kept, clipped, selection) -> list[dict]:
+    copies = selection.copies(len(kept))
+    held = np.zeros(len(kept), bool)
+    held[selection.validation] = True
+    groups = group_of[kept]
+    tokens = np.bincount(groups, copies * clipped[kept], minlength=len(mixture.sources))
+    total = max(1, int(tokens.sum()))
+    table = []
+    for number, source in enumerate(mixture.sources):
+        mine = group_of == number
+        table.append({**source.describe(), "conversations": int(mine.sum()), "tokens": int(lengths[mine].sum()),
+                      "validation_records": int(held[groups == number].sum()),
+                      "train_sequences": int(copies[groups == number].sum()),
+                      "train_tokens": int(tokens[number]), "realized_share": round(int(tokens[number]) / total, 6)})
+    return table

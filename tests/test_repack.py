@@ -1,0 +1,122 @@
+"""``packprep repack``: the stored sequences packed again equal ``pack`` from the inputs, byte for byte;
+what was cut at the old length is refused, or taken as stored only when asked."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import packprep
+from packprep.cli import main
+from packprep.errors import EXIT_CONFIG, ConfigError
+from packprep.packing import STRATEGIES
+from packprep.repack import repack
+
+from .conftest import CONVERSATIONS, EXAMPLE_TOKENIZER, needs_fixtures
+
+TOKENIZER = str(EXAMPLE_TOKENIZER)
+INPUTS = [str(CONVERSATIONS / "llamafactory_glaive_toolcall_en_demo.json"),
+          str(CONVERSATIONS / "fastchat_dummy_conversation.json")]
+BASE_LEN = 16384  # longer than every fixture conversation here: nothing is cut at it
+
+
+def files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def without_record(files: dict[str, bytes]) -> list[dict]:
+    entries = [json.loads(line) for line in files["rejects.jsonl"].decode().splitlines()]
+    return [{k: v for k, v in entry.items() if k not in ("record", "line")} for entry in entries]
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    out = tmp_path_factory.mktemp("repack") / "base"
+    manifest = packprep.pack(INPUTS, str(out), TOKENIZER, max_len=BASE_LEN, num_proc=1)
+    assert manifest["counts"]["truncated"] == 0
+    return out
+
+
+@needs_fixtures
+@pytest.mark.parametrize("max_len", [BASE_LEN, 1024])  # 1024 truncates some sequences: as pack does at 1024
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_repack_equals_pack_byte_for_byte(base, tmp_path, strategy, max_len):
+    settings = dict(max_len=max_len, strategy=strategy, seed=7, row_order="input" if strategy == "bfd" else "shuffle",
+                    samples_per_row=4 if strategy == "minibatch" else None)
+    packed, repacked = tmp_path / "packed", tmp_path / "repacked"
+    manifest = packprep.pack(INPUTS, str(packed), TOKENIZER, num_proc=1, **settings)
+    if max_len == 1024:
+        assert manifest["counts"]["truncated"] > 0  # the case where repack cuts what it reads
+    repack(base, repacked, num_proc=1, **settings)
+    ours, theirs = files(repacked), files(packed)
+    if max_len == 1024:  # a record dropped here is listed without the copy of it pack shows (repack has none)
+        ours["rejects.jsonl"], theirs["rejects.jsonl"] = without_record(ours), without_record(theirs)
+    assert ours == theirs
+
+
+@needs_fixtures
+def test_repack_into_and_from_another_layout_equals_pack(base, tmp_path):
+    packprep.pack(INPUTS, str(tmp_path / "packed"), TOKENIZER, max_len=2048, layout="trl", num_proc=1)
+    repack(base, tmp_path / "repacked", max_len=2048, layout="trl", num_proc=1)
+    assert files(tmp_path / "repacked") == files(tmp_path / "packed")
+    repack(tmp_path / "repacked", tmp_path / "again", num_proc=1)  # every setting, the layout too, is the folder's
+    assert files(tmp_path / "again") == files(tmp_path / "packed")
+    packprep.pack(INPUTS, str(tmp_path / "packed-bfd"), TOKENIZER, max_len=2048, strategy="bfd", num_proc=1)
+    repack(tmp_path / "packed", tmp_path / "from-trl", strategy="bfd", layout="packprep", num_proc=1)  # trl read back
+    assert files(tmp_path / "from-trl") == files(tmp_path / "packed-bfd")
+
+
+@needs_fixtures
+def test_repack_of_a_mixture_and_validation_split_equals_pack(tmp_path):
+    mix = tmp_path / "mix.json"
+    mix.write_text(json.dumps([{"path": INPUTS[0], "weight": 1.5}, {"path": INPUTS[1], "share": 0.4}]))
+    common = dict(mix=str(mix), validation_size=0.1, seed=5)
+    packprep.pack([], str(tmp_path / "old"), TOKENIZER, max_len=BASE_LEN, num_proc=1, **common)
+    packprep.pack([], str(tmp_path / "packed"), TOKENIZER, max_len=8192, strategy="bfd", num_proc=1, **common)
+    repack(tmp_path / "old", tmp_path / "repacked", max_len=8192, strategy="bfd", num_proc=1)
+    assert files(tmp_path / "repacked") == files(tmp_path / "packed")
+    with pytest.raises(ConfigError, match="drawn with --seed 5"):
+        repack(tmp_path / "old", tmp_path / "other-seed", seed=6)
+    with pytest.raises(ConfigError, match="would be cut at --max-len 1024"):  # shares drawn from other lengths
+        repack(tmp_path / "old", tmp_path / "shorter", max_len=1024)
+
+
+@needs_fixtures
+def test_repack_refuses_truncated_sequences_at_a_longer_length(tmp_path):
+    short = tmp_path / "short"
+    manifest = packprep.pack(INPUTS, str(short), TOKENIZER, max_len=512, num_proc=1)
+    truncated = manifest["counts"]["truncated"]
+    assert truncated > 0
+    result = CliRunner().invoke(main, ["repack", str(short), "-o", str(tmp_path / "long"), "--max-len", "2048", "-q"])
+    assert result.exit_code == EXIT_CONFIG, result.output
+    assert f"{truncated:,} sequences were truncated" in result.output and "--accept-truncated" in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "long").exists()
+
+    result = CliRunner().invoke(main, ["repack", str(short), "-o", str(tmp_path / "long"), "--max-len", "2048",
+                                       "--accept-truncated", "-q"])
+    assert result.exit_code == 0, result.output
+    assert "not what pack would write" in result.output
+    repacked = json.loads((tmp_path / "long" / "packprep.json").read_text())
+    assert repacked["repacked_from"]["truncated_as_stored"] == truncated
+    assert repacked["counts"]["truncated"] == truncated  # still counted as truncated, not as whole
+    assert packprep.verify(tmp_path / "long").ok
+
+
+@needs_fixtures
+def test_repack_refuses_split_sequences(tmp_path):
+    split = tmp_path / "split"
+    manifest = packprep.pack(INPUTS, str(split), TOKENIZER, max_len=512, overlong="split", num_proc=1)
+    assert manifest["counts"]["split"] > 0
+    with pytest.raises(ConfigError, match="split into pieces"):
+        repack(split, tmp_path / "out", max_len=1024)
+    assert not (tmp_path / "out").exists()
+
+
+def test_repack_refuses_what_it_cannot_change(tmp_path):
+    out = tmp_path / "out"
+    packprep.pack(str(Path(TOKENIZER).parent / "chats.jsonl"), str(out), TOKENIZER, max_len=1024, num_proc=1)
+    with pytest.raises(ConfigError, match="cannot change train_on"):
+        repack(out, tmp_path / "again", train_on="all")
