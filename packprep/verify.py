@@ -148,7 +148,7 @@ def verify(folder: str | Path, check_hashes: bool = True, retokenize: int = 0, s
         seen[shard.sources] = True
         complete = complete and shard.complete
     if manifest.get("validation"):
-        seen, complete = _check_validation(context, manifest, seen, report, engine or LocalEngine(1), complete)
+        seen, complete = _check_validation(context, manifest, seen, report, checker or check_here, complete)
     indices_valid = not any(f.check == "source_index" for f in report.failures)
     _check_coverage(folder, manifest, seen, report, judge_packed=complete and indices_valid)
     _check_counts(manifest, report, supervised if complete else None)
@@ -368,7 +368,7 @@ def _check_rows(table, name, context: ShardContext, check: ShardCheck, sources: 
     return True
 
 
-def _check_validation(context: ShardContext, manifest: dict, seen: np.ndarray, report: Report, engine: Engine,
+def _check_validation(context: ShardContext, manifest: dict, seen: np.ndarray, report: Report, checker: Checker,
                       complete: bool) -> tuple[np.ndarray, bool]:
     """Check the validation split's shards and totals, and that its records are the held-out ones and
     in no training row; return the records either split holds, and whether every shard was read."""
@@ -378,7 +378,7 @@ def _check_validation(context: ShardContext, manifest: dict, seen: np.ndarray, r
     validation = manifest["validation"]
     held = np.zeros(len(seen), dtype=bool)
     totals = np.zeros(4, np.int64)  # rows, sequences, tokens, supervised
-    for shard in check_shards(context, validation["shards"], engine):
+    for shard in checker(context, validation["shards"]):
         report.failures.extend(shard.failures)
         held[shard.sources] = True
         totals += (shard.rows, shard.sequences, shard.tokens, shard.supervised)
