@@ -16,6 +16,7 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from . import __version__
+from .control_text import MODES as CONTENT_SPECIAL
 from .errors import EXIT_CODES_HELP, EXIT_INTERNAL, PackprepError
 from .layout import layout_names
 from .normalize import CONSECUTIVE, FORMATS, LEADING, SYSTEM, changes_text
@@ -80,6 +81,11 @@ def _record_options(command):
     command = click.option("--leading-assistant", default=DEFAULT.leading_assistant, show_default=True, type=click.Choice(LEADING),
                            help="Turns before the first user turn (a chat chunk that starts mid-way): drop them "
                            "and train the rest (as FastChat does), or reject the record.")(command)
+    command = click.option("--content-special-tokens", default=DEFAULT.content_special_tokens, show_default=True,
+                           type=click.Choice(CONTENT_SPECIAL),
+                           help="Text in a record that spells a control token (<|eot_id|>, <|im_end|>): text encodes "
+                           "it as plain text, only the template's own markup gets control ids; special: as the "
+                           "control token itself (injected turns); records holding such text are counted.")(command)
     command = click.option("--text-field", default=DEFAULT.text_field, show_default=True,
                            help="Column holding plain text (--format text).")(command)
     command = click.option("--messages-field", default=None,

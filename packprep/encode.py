@@ -72,7 +72,7 @@ class Encoding:
         """Load the tokenizer, tell each input's format, and check the chat template against ``max_len``
         (default ``config.max_len``) before any record is encoded."""
         tok = load_tokenizer(tokenizer)
-        encoder = ChatEncoder(tok, config.train_on, config.tokenizer_backend)
+        encoder = ChatEncoder(tok, config.train_on, config.tokenizer_backend, config.content_special_tokens)
         fields = FieldNames(config.messages_field, config.text_field)
         formats = [_source_format(source, config.format, fields) for source in sources]
         _check_template(encoder, formats, config.max_len if max_len is None else max_len)
@@ -155,7 +155,8 @@ class EncodeContext:
                     with open(os.path.join(self._folder.name, file_name), "wb") as handle:
                         handle.write(data)
                 name = self._folder.name
-            self.encoder = ChatEncoder(load_tokenizer(name), self.config.train_on, self.config.tokenizer_backend)
+            self.encoder = ChatEncoder(load_tokenizer(name), self.config.train_on, self.config.tokenizer_backend,
+                                       self.config.content_special_tokens)
         return self.encoder
 
 
@@ -426,6 +427,7 @@ class Ledger:
     def keep(self, conversation: Conversation, encoded: Encoded) -> None:
         """Count what a record that is kept brings: normalizing changes, turns not located."""
         self.changes.update(conversation.changes)
+        self.changes["control_text_in_content"] += encoded.control_text
         self.turns_not_located += encoded.turns_not_located
 
     def formats_seen(self, number: int, fallback: str) -> str:

@@ -22,6 +22,7 @@ from .engines import Engine, make_engine
 from .errors import ConfigError, InputError
 from .layout import DEFAULT_LAYOUT, get_layout
 from .materialize import Segments, TokenSpill, TokenStore
+from .control_text import MODES as CONTENT_SPECIAL
 from .normalize import CHANGES, CONSECUTIVE, FORMATS, LEADING, SYSTEM, Rejected
 from .packing import ROW_ORDERS, STRATEGY_TABLE, Bins, lower_bound, order_bins
 from .plan import check_overlong, check_strategy, overlong_fates, plan_bins
@@ -56,6 +57,7 @@ class PackConfig:
     leading_assistant: str = "drop"  # turns before the first user turn: drop | reject (normalize.py)
     consecutive: str = "merge"  # two user or two assistant turns in a row: merge | keep | reject
     system: str = "auto"  # auto: fold into the first user turn where the template renders no system message
+    content_special_tokens: str = "text"  # text in records that spells a control token: text | special (control_text.py)
 
     @classmethod
     def from_settings(cls, settings: dict, command: str = "pack") -> "PackConfig":
@@ -80,6 +82,7 @@ class PackConfig:
             "leading_assistant": LEADING,
             "consecutive": CONSECUTIVE,
             "system": SYSTEM,
+            "content_special_tokens": CONTENT_SPECIAL,
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
