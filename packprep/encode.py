@@ -72,11 +72,14 @@ class Encoding:
         """Load the tokenizer, tell each input's format, and check the chat template against ``max_len``
         (default ``config.max_len``) before any record is encoded."""
         tok = load_tokenizer(tokenizer)
-        encoder = ChatEncoder(tok, config.train_on, config.tokenizer_backend, config.content_special_tokens)
+        encoder = ChatEncoder(tok, config.train_on, config.tokenizer_backend, config.content_special_tokens,
+                              config.render_timeout)
         fields = FieldNames(config.messages_field, config.text_field)
         formats = [_source_format(source, config.format, fields) for source in sources]
-        _check_template(encoder, formats, config.max_len if max_len is None else max_len)
-        return cls(sources, formats, fields, tok, tokenizer, encoder, config, _record_policy(encoder, config))
+        with encoder.probing():
+            _check_template(encoder, formats, config.max_len if max_len is None else max_len)
+            policy = _record_policy(encoder, config)
+        return cls(sources, formats, fields, tok, tokenizer, encoder, config, policy)
 
     def run(self, engine: "Engine", ledger: "Ledger", sink: Callable[[Part], Sink]) -> Iterator["PartResult"]:
         """Encode every part on ``engine``; merge each result into ``ledger`` in input order and yield
@@ -156,7 +159,7 @@ class EncodeContext:
                         handle.write(data)
                 name = self._folder.name
             self.encoder = ChatEncoder(load_tokenizer(name), self.config.train_on, self.config.tokenizer_backend,
-                                       self.config.content_special_tokens)
+                                       self.config.content_special_tokens, self.config.render_timeout)
         return self.encoder
 
 

@@ -57,6 +57,7 @@ class PackConfig:
     leading_assistant: str = "drop"  # turns before the first user turn: drop | reject (normalize.py)
     consecutive: str = "merge"  # two user or two assistant turns in a row: merge | keep | reject
     system: str = "auto"  # auto: fold into the first user turn where the template renders no system message
+    render_timeout: float = 60.0  # seconds one record's rendering may take; a record over it is rejected
     content_special_tokens: str = "text"  # text in records that spells a control token: text | special (control_text.py)
 
     @classmethod
@@ -92,6 +93,8 @@ class PackConfig:
         if self.max_len < 2:
             raise ConfigError("--max-len must be at least 2")
         parse_size(self.shard_size)
+        if not 0 < self.render_timeout <= 86_400:
+            raise ConfigError(f"--render-timeout must be between 0 and 86400 seconds, not {self.render_timeout:g}")
         if self.partition_size is not None and self.partition_size < 1:
             raise ConfigError("--partition-size must be at least 1")
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from .control_text import MODES, ControlText, encode_with_markup, first_tokens
 from .errors import ConfigError, PackprepError
+from .timelimit import RenderTimeout, time_limit
 from .normalize import Conversation, Rejected
 from .render import Rendered, render_conversation, template_source
 from .render_onepass import choose_template
@@ -97,7 +98,8 @@ class ChatEncoder:
     use HF from the start.
     """
 
-    def __init__(self, tokenizer, train_on: str = "assistant", backend: str = "auto", content_special: str = "text"):
+    def __init__(self, tokenizer, train_on: str = "assistant", backend: str = "auto", content_special: str = "text",
+                 render_timeout: float | None = None):
         if content_special not in MODES:
             raise ConfigError(f"--content-special-tokens must be one of {', '.join(MODES)}, not {content_special!r}")
         if train_on not in TRAIN_ON:
@@ -108,7 +110,9 @@ class ChatEncoder:
         self.train_on = train_on
         if backend != "hf" and hasattr(tokenizer, "hash_in_background"):
             tokenizer.hash_in_background()  # the cache key, hashed while the template compiles
-        self.template = choose_template(tokenizer)  # the one-pass accelerator where it agrees with the reference
+        self.render_timeout = render_timeout  # seconds a record's rendering may take (timelimit.py)
+        with self.probing(tokenizer):
+            self.template = choose_template(tokenizer)  # the one-pass accelerator where it agrees with the reference
         self.requested_backend = backend
         self._fast = None
         self._guard_chars = GUARD_CHARS
@@ -125,6 +129,18 @@ class ChatEncoder:
         self.eos_token_id = tokenizer.eos_token_id  # after fast_backend: a verified record knows it
         self._control = ControlText(tokenizer) if content_special == "text" else None
         self._post = None  # what add_special_tokens=True adds around a text, for control_text.encode_with_markup
+
+    @contextmanager
+    def probing(self, tokenizer=None):
+        """A block that renders the start-up probes: a template that does not finish them stops the run."""
+        try:
+            with time_limit(self.render_timeout):
+                yield
+        except RenderTimeout:
+            name = getattr(tokenizer or self.tokenizer, "name_or_path", "the tokenizer")
+            raise ConfigError(f"the chat template of {name} did not finish rendering a two-message probe "
+                              f"conversation in {self.render_timeout:g} s (--render-timeout): it may loop without "
+                              "end; fix the template or pass a tokenizer with another") from None
 
     @property
     def _backend(self):
@@ -171,6 +187,15 @@ class ChatEncoder:
         return bool(self.template.source)
 
     def render(self, conversation: Conversation) -> Rendered:
+        """The conversation rendered, in at most ``render_timeout`` seconds (else Rejected)."""
+        try:
+            with time_limit(self.render_timeout):
+                return self._render(conversation)
+        except RenderTimeout:
+            raise Rejected(f"the chat template did not finish rendering this record in {self.render_timeout:g} s "
+                           "(--render-timeout)", "render_timeout") from None
+
+    def _render(self, conversation: Conversation) -> Rendered:
         if self._control is not None and self._control.spells(conversation):
             return self._control.render(lambda c: render_conversation(self.template, c, self.train_on), conversation)
         return render_conversation(self.template, conversation, self.train_on)
