@@ -52,3 +52,9 @@ class PushError(PackprepError):
     """The folder could not be pushed to the Hugging Face Hub (token, access, network, branch)."""
 
     exit_code = EXIT_PUSH
+
+
+def check_range(option: str, value, low, high) -> None:
+    """A ConfigError naming ``option`` and its allowed range unless ``low <= value <= high``."""
+    if not low <= value <= high:
+        raise ConfigError(f"{option} must be between {low:,} and {high:,}, not {value:,}")

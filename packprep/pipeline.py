@@ -19,7 +19,7 @@ from . import __version__, plan
 from .card import length_histograms, render_card
 from .encode import FATES, PACKED, REJECTED, SPLIT, TRUNCATED, Encoding, Ledger
 from .engines import Engine, make_engine
-from .errors import ConfigError, InputError
+from .errors import ConfigError, InputError, check_range
 from .layout import DEFAULT_LAYOUT, get_layout
 from .materialize import Segments, TokenSpill, TokenStore
 from .control_text import MODES as CONTENT_SPECIAL
@@ -33,6 +33,16 @@ from .verify import ShardContext, verify
 from .write import SHARD_FORMATS, OutputFolder, parse_size, write_shards
 
 ON_ERROR = ("skip", "fail")
+
+
+# the allowed range of each number setting: checked before any work, the message names it
+RANGES = {
+    "max_len": (2, 2**31 - 1),  # rows and their positions are int32
+    "seed": (0, 2**32 - 1),  # numpy's seeds
+    "samples_per_row": (1, 2**31 - 1),
+    "partition_size": (1, 2**62),
+    "render_timeout": (0.001, 86_400),
+}
 
 
 @dataclass
@@ -90,13 +100,11 @@ class PackConfig:
                 raise ConfigError(f"--{name.replace('_', '-')} must be one of {', '.join(allowed)}")
         if self.format is not None and self.format not in FORMATS:
             raise ConfigError(f"--format must be one of {', '.join(FORMATS)}")
-        if self.max_len < 2:
-            raise ConfigError("--max-len must be at least 2")
+        for name, (low, high) in RANGES.items():
+            value = getattr(self, name)
+            if value is not None:
+                check_range(f"--{name.replace('_', '-')}", value, low, high)
         parse_size(self.shard_size)
-        if not 0 < self.render_timeout <= 86_400:
-            raise ConfigError(f"--render-timeout must be between 0 and 86400 seconds, not {self.render_timeout:g}")
-        if self.partition_size is not None and self.partition_size < 1:
-            raise ConfigError("--partition-size must be at least 1")
 
 
 def pack(

@@ -36,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 
 from .engines import Engine, LocalEngine, runs_per_item
-from .errors import ConfigError, InputError
+from .errors import ConfigError, InputError, check_range
 from .layout import ROW_SCHEMA, LayoutError, ShardReader, list_column, readable_layout
 from .normalize import load_schema
 from .read import file_sha256
@@ -118,6 +118,8 @@ def verify(folder: str | Path, check_hashes: bool = True, retokenize: int = 0, s
     is the same with any engine. ``checked``: the manifest's shards already checked, in its order
     (``pack`` checks the shards it wrote, reading them back); only the totals are left.
     """
+    check_range("--retokenize", retokenize, 0, 2**31 - 1)
+    check_range("--seed", seed, 0, 2**32 - 1)
     folder = Path(folder)
     report = Report()
     manifest = _load_manifest(folder, report)
