@@ -81,6 +81,10 @@ def _record_options(command):
     command = click.option("--leading-assistant", default=DEFAULT.leading_assistant, show_default=True, type=click.Choice(LEADING),
                            help="Turns before the first user turn (a chat chunk that starts mid-way): drop them "
                            "and train the rest (as FastChat does), or reject the record.")(command)
+    command = click.option("--preference", default=DEFAULT.preference, show_default=True,
+                           type=click.Choice(["refuse", "chosen"]),
+                           help="Preference (DPO) data, records with 'chosen' and 'rejected' replies: refuse it, "
+                           "or train on each prompt with its chosen reply.")(command)
     command = click.option("--render-timeout", default=DEFAULT.render_timeout, show_default=True, type=float,
                            metavar="SECONDS", help="Time one record's rendering may take; a record over it is "
                            "rejected (render_timeout), a template over it on its start-up probes stops the run.")(command)

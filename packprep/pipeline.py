@@ -36,6 +36,7 @@ ON_ERROR = ("skip", "fail")
 
 
 # the allowed range of each number setting: checked before any work, the message names it
+PREFERENCE = ("refuse", "chosen")
 RANGES = {
     "max_len": (2, 2**31 - 1),  # rows and their positions are int32
     "seed": (0, 2**32 - 1),  # numpy's seeds
@@ -68,6 +69,7 @@ class PackConfig:
     consecutive: str = "merge"  # two user or two assistant turns in a row: merge | keep | reject
     system: str = "auto"  # auto: fold into the first user turn where the template renders no system message
     render_timeout: float = 60.0  # seconds one record's rendering may take; a record over it is rejected
+    preference: str = "refuse"  # preference data (chosen/rejected): refuse | chosen (train on the chosen reply)
     content_special_tokens: str = "text"  # text in records that spells a control token: text | special (control_text.py)
 
     @classmethod
@@ -94,6 +96,7 @@ class PackConfig:
             "consecutive": CONSECUTIVE,
             "system": SYSTEM,
             "content_special_tokens": CONTENT_SPECIAL,
+            "preference": PREFERENCE,
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:

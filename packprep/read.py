@@ -314,7 +314,7 @@ LONE_SURROGATE = "a string holds an unpaired UTF-16 surrogate escape (such as \\
 
 def _read_jsonl(path: str) -> Iterator[Record]:
     _check_text(path)
-    if _first_character(path) == "[":  # a JSON array saved as .jsonl: read it as the array it is
+    if _first_character(path) == "[" and _array_not_lines(path):  # a JSON array saved as .jsonl
         yield from _read_json(path)
         return
     yield from _jsonl_records(path, _open_text(path), _bom_length(path))
@@ -371,6 +371,24 @@ def _bom_length(path: str) -> int:
             return 3 if handle.read(3) == b"\xef\xbb\xbf" else 0
     except (OSError, EOFError):
         return 0
+
+
+def _array_not_lines(path: str) -> bool:
+    """Whether a .jsonl file that starts with "[" is one JSON array (pretty-printed, or on one line),
+    not lines of which the first holds an array (or is too deeply nested to decode: rejected on its own)."""
+    try:
+        with _open_text(path) as handle:
+            first = handle.readline()
+            more = any(line.strip() for line in handle)
+    except (OSError, EOFError, UnicodeDecodeError):
+        return True  # the array reader reports it
+    try:
+        json.loads(first)
+    except RecursionError:
+        return False
+    except ValueError:
+        return True  # the array goes on past the first line
+    return not more
 
 
 def _first_character(path: str) -> str:

@@ -21,6 +21,7 @@ from .layout import ShardReader
 from .normalize import FieldNames, Policy, Rejected, detect_format, fit_to_template, normalize
 from .read import file_sha256, resolve_inputs, stream_records
 from .control_text import ControlText
+from .encode import chosen_record
 from .render import ChatTemplate, Rendered, render_conversation
 from .tokenize import IGNORE_INDEX, load_tokenizer
 
@@ -57,7 +58,8 @@ def retokenize_check(folder: Path, manifest: dict, n: int, seed: int = 0) -> tup
     for seq in sample:
         if seq.source_index not in remade:
             remade[seq.source_index] = _remake(records[seq.source_index], fields, policy, config.get("format"), template,
-                                               tokenizer, config["train_on"], control)
+                                               tokenizer, config["train_on"], control,
+                                               config.get("preference") == "chosen")
         problem = _compare(seq, remade[seq.source_index])
         if problem:
             where = records[seq.source_index][0]
@@ -127,11 +129,14 @@ def _records(manifest: dict, wanted: list[int]) -> dict[int, tuple[str, object, 
     return found
 
 
-def _remake(found, fields, policy, forced, template, tokenizer, train_on, control) -> tuple[np.ndarray, np.ndarray] | str:
+def _remake(found, fields, policy, forced, template, tokenizer, train_on, control,
+            chosen: bool) -> tuple[np.ndarray, np.ndarray] | str:
     """(ids, labels) of the record as the definition makes them, or why they cannot be made."""
     _, data, fmt = found
     if data is None:
         return fmt  # why it could not be read
+    if chosen and isinstance(data, dict) and "chosen" in data:
+        data = chosen_record(data)
     fmt = forced or detect_format(data, fields) or fmt.split("+")[0]  # told per record, as pack tells it
     try:
         conversation = normalize(data, fmt, fields, policy)
