@@ -178,6 +178,7 @@ def pack(inputs, tokenizer, output, format_, num_proc, engine, ray_address, push
         f"  packed whole {counts['packed']:,}, truncated {counts['truncated']:,}, split {counts['split']:,}, "
         f"rejected {counts['rejected']:,}"
         + (f" (see {output}/rejects.jsonl)" if counts["rejected"] else "")
+        + "".join(f"\n    {reason}" for reason in counts.get("top_rejections", []))
         + f"\n  {changes_text(counts.get('normalized') or {}, counts.get('turns_not_located', 0))}"
     )
     if push_to:

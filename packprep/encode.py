@@ -423,6 +423,7 @@ class Ledger:
         self.changes: Counter = Counter()  # what normalize.py's transforms changed in the kept records
         self.formats: dict[int, Counter] = {}  # source number -> records of each format
         self.entries: list[dict] = []
+        self.examples: dict[str, dict] = {}  # reason code -> its first rejection (written by the driver)
         self._handle = None
 
     def __enter__(self):
@@ -476,9 +477,23 @@ class Ledger:
         })
 
     def write(self, entry: dict) -> None:
-        """Write one numbered rejection to rejects.jsonl (the driver's ledger)."""
+        """Write one numbered rejection to rejects.jsonl (the driver's ledger); keep the first of each reason."""
+        self.examples.setdefault(entry["code"], entry)
         if self._handle is not None:
             self._handle.write(json.dumps(entry, ensure_ascii=False) + "\n")
+
+
+def top_reasons(reasons: Counter, examples: dict[str, dict], top: int = 3) -> list[str]:
+    """The most common rejection reasons, each with its first example: file, line and the reason."""
+    lines = []
+    for code, count in reasons.most_common(top):
+        entry = examples.get(code)
+        where = ""
+        if entry is not None:
+            at = f"line {entry['line']}" if entry["line"] else f"record {entry['index']}"
+            where = f": e.g. {entry['file']}, {at}: {entry['reason']}"
+        lines.append(f"{code} {count:,}{where}")
+    return lines
 
 
 def _preview(record: Record) -> str:

@@ -17,7 +17,7 @@ import numpy as np
 
 from . import __version__, plan
 from .card import length_histograms, render_card
-from .encode import FATES, PACKED, REJECTED, SPLIT, TRUNCATED, Encoding, Ledger
+from .encode import FATES, PACKED, REJECTED, SPLIT, TRUNCATED, Encoding, Ledger, top_reasons
 from .engines import Engine, make_engine
 from .errors import ConfigError, InputError, check_range
 from .layout import DEFAULT_LAYOUT, get_layout
@@ -204,10 +204,10 @@ def _nothing_to_pack(ledger: Ledger, sources: list[Source]) -> str:
     where = ", ".join(source.path for source in sources[:3]) + (", ..." if len(sources) > 3 else "")
     if not ledger.status:
         return f"{where}: the inputs hold no records; nothing was written"
-    reasons = ", ".join(f"{code} {count:,}" for code, count in ledger.reasons.most_common(3))
+    reasons = "; ".join(top_reasons(ledger.reasons, ledger.examples))
     return (
         f"{where}: all {len(ledger.status):,} records were rejected ({reasons}); nothing was written. "
-        "Check --format, --messages-field and the tokenizer's chat template, or run packprep stats to see why"
+        "Check --format, --messages-field and the tokenizer's chat template"
     )
 
 
@@ -301,6 +301,7 @@ def _manifest(config, encoding: Encoding, ledger, sequences: int, segments, shar
             "records": len(ledger.status),
             **fates,
             "rejected_by_reason": dict(sorted(ledger.reasons.items())),
+            "top_rejections": top_reasons(ledger.reasons, ledger.examples),
             "turns_not_located": ledger.turns_not_located,
             "normalized": {name: ledger.changes.get(name, 0) for name in CHANGES},
         },
