@@ -37,7 +37,7 @@ import pyarrow as pa
 
 from .engines import Engine, LocalEngine, runs_per_item
 from .errors import ConfigError, InputError, check_range
-from .layout import ROW_SCHEMA, LayoutError, ShardReader, list_column, readable_layout
+from .layout import ROW_SCHEMA, LayoutError, UnreadableLayoutError, ShardReader, list_column, readable_layout
 from .normalize import load_schema
 from .read import file_sha256
 
@@ -251,8 +251,11 @@ def _load_manifest(folder: Path, report: Report) -> dict | None:
         try:
             readable_layout(layout)
         except LayoutError as exc:
-            report.failures.append(Failure("layout", str(exc)))
+            before = len(report.failures)
             _check_listed_files(folder, manifest, report)
+            if len(report.failures) == before:  # its files are whole: not broken, only unreadable here
+                raise UnreadableLayoutError(f"{folder}: its files match the manifest, but {exc}") from None
+            report.failures.append(Failure("layout", str(exc)))
             return None
     errors = list(jsonschema.Draft202012Validator(load_schema("manifest")).iter_errors(manifest))
     for error in errors[:5]:
