@@ -180,6 +180,7 @@ def _markup_encoding(rendered: Rendered, tokenizer) -> dict:
             ids.append(tokenizer.convert_tokens_to_ids(text[start:end]))
             offsets.append((start, end))
             at = end
+    tokenizer.backend_tokenizer.encode_special_tokens = False  # transformers leaves it on after split_special_tokens
     if rendered.add_special_tokens:
         wrapped = tokenizer.build_inputs_with_special_tokens([])
         ids, offsets = [*wrapped, *ids], [(0, 0)] * len(wrapped) + offsets

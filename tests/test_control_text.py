@@ -45,8 +45,9 @@ def oracle_ids(tok, text: str, contents: list[str]) -> list[int]:
             if at < m.start() else []
         ids.append(special[m.group()])
         at = m.end()
-    return ids + (tok(text[at:], add_special_tokens=False, split_special_tokens=True)["input_ids"]
-                  if at < len(text) else [])
+    ids += tok(text[at:], add_special_tokens=False, split_special_tokens=True)["input_ids"] if at < len(text) else []
+    tok.backend_tokenizer.encode_special_tokens = False  # transformers leaves it on after split_special_tokens=True
+    return ids
 
 
 def conversation(injection: str) -> Conversation:
