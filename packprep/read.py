@@ -16,6 +16,7 @@ import io
 import itertools
 import json
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -67,7 +68,9 @@ def resolve_inputs(inputs: list[str]) -> list[Source]:
         raise ConfigError("no input given: pass one or more files, folders or Hub dataset ids")
     sources = []
     for spec in inputs:
-        if not Path(spec).exists() and any(c in spec for c in GLOB_CHARACTERS):
+        if spec in STDIN:
+            found = [Source(_spool_stdin(), "jsonl")]
+        elif not Path(spec).exists() and any(c in spec for c in GLOB_CHARACTERS):
             matches = sorted(glob.glob(os.path.expanduser(spec), recursive=True))
             if not matches:
                 raise ConfigError(f"{spec}: no file matches this pattern")
@@ -76,6 +79,24 @@ def resolve_inputs(inputs: list[str]) -> list[Source]:
             found = _resolve(spec)
         sources.extend(Source(s.path, s.kind, named=spec) for s in found)
     return sources
+
+
+STDIN = ("-", "/dev/stdin")
+
+
+def _spool_stdin() -> str:
+    """Standard input copied to a temporary file (removed at exit): a run reads its inputs more than
+    once (the format, the parts, the manifest's sha256). JSON Lines, or one JSON array."""
+    import atexit
+    import sys
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="packprep-stdin-")
+    atexit.register(shutil.rmtree, folder, True)
+    path = os.path.join(folder, "stdin.jsonl")
+    with open(path, "wb") as handle:
+        shutil.copyfileobj(sys.stdin.buffer, handle, 1 << 20)
+    return path
 
 
 def _resolve(spec: str) -> list[Source]:

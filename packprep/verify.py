@@ -253,7 +253,7 @@ def _load_manifest(folder: Path, report: Report) -> dict | None:
         except LayoutError as exc:
             before = len(report.failures)
             _check_listed_files(folder, manifest, report)
-            if len(report.failures) == before:  # its files are whole: not broken, only unreadable here
+            if isinstance(exc, UnreadableLayoutError) and len(report.failures) == before:  # whole, only unreadable here
                 raise UnreadableLayoutError(f"{folder}: its files match the manifest, but {exc}") from None
             report.failures.append(Failure("layout", str(exc)))
             return None
