@@ -6,6 +6,7 @@ import inspect
 import json
 import os
 import sys
+import warnings
 
 import click
 
@@ -55,6 +56,13 @@ class _Group(click.Group):
             )
             sys.exit(EXIT_INTERNAL)
 
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    """A warning is one line for a person, not Python's file:line: UserWarning form with internal paths."""
+    click.secho(f"warning: {message}", fg="yellow", err=True)
+
+
+warnings.showwarning = _show_warning
 
 DEFAULT = PackConfig()  # the library's defaults, shown in --help; the CLI sets none of its own
 
