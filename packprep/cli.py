@@ -6,6 +6,7 @@ import inspect
 import json
 import os
 import sys
+import warnings
 
 import click
 
@@ -16,6 +17,7 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from . import __version__
+from .control_text import MODES as CONTENT_SPECIAL
 from .errors import EXIT_CODES_HELP, EXIT_INTERNAL, PackprepError
 from .layout import layout_names
 from .normalize import CONSECUTIVE, FORMATS, LEADING, SYSTEM, changes_text
@@ -56,6 +58,13 @@ class _Group(click.Group):
             sys.exit(EXIT_INTERNAL)
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    """A warning is one line for a person, not Python's file:line: UserWarning form with internal paths."""
+    click.secho(f"warning: {message}", fg="yellow", err=True)
+
+
+warnings.showwarning = _show_warning
+
 DEFAULT = PackConfig()  # the library's defaults, shown in --help; the CLI sets none of its own
 
 
@@ -81,6 +90,18 @@ def _record_options(command):
     command = click.option("--leading-assistant", default=DEFAULT.leading_assistant, show_default=True, type=click.Choice(LEADING),
                            help="Turns before the first user turn (a chat chunk that starts mid-way): drop them "
                            "and train the rest (as FastChat does), or reject the record.")(command)
+    command = click.option("--preference", default=DEFAULT.preference, show_default=True,
+                           type=click.Choice(["refuse", "chosen"]),
+                           help="Preference (DPO) data, records with 'chosen' and 'rejected' replies: refuse it, "
+                           "or train on each prompt with its chosen reply.")(command)
+    command = click.option("--render-timeout", default=DEFAULT.render_timeout, show_default=True, type=float,
+                           metavar="SECONDS", help="Time one record's rendering may take; a record over it is "
+                           "rejected (render_timeout), a template over it on its start-up probes stops the run.")(command)
+    command = click.option("--content-special-tokens", default=DEFAULT.content_special_tokens, show_default=True,
+                           type=click.Choice(CONTENT_SPECIAL),
+                           help="Text in a record that spells a control token (<|eot_id|>, <|im_end|>): text encodes "
+                           "it as plain text, only the template's own markup gets control ids; special: as the "
+                           "control token itself (injected turns); records holding such text are counted.")(command)
     command = click.option("--text-field", default=DEFAULT.text_field, show_default=True,
                            help="Column holding plain text (--format text).")(command)
     command = click.option("--messages-field", default=None,
@@ -213,6 +234,7 @@ def pack(inputs, tokenizer, output, format_, num_proc, engine, ray_address, push
         f"  packed whole {counts['packed']:,}, truncated {counts['truncated']:,}, split {counts['split']:,}, "
         f"rejected {counts['rejected']:,}"
         + (f" (see {output}/rejects.jsonl)" if counts["rejected"] else "")
+        + "".join(f"\n    {reason}" for reason in counts.get("top_rejections", []))
         + f"\n  {changes_text(counts.get('normalized') or {}, counts.get('turns_not_located', 0))}"
     )
     if push_to:

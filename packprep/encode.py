@@ -70,11 +70,14 @@ class Encoding:
         """Load the tokenizer, tell each input's format, and check the chat template against ``max_len``
         (default ``config.max_len``) before any record is encoded."""
         tok = load_tokenizer(tokenizer)
-        encoder = ChatEncoder(tok, config.train_on, config.tokenizer_backend)
+        encoder = ChatEncoder(tok, config.train_on, config.tokenizer_backend, config.content_special_tokens,
+                              config.render_timeout)
         fields = [FieldNames(s.messages_field or config.messages_field, config.text_field) for s in sources]
-        formats = [_source_format(s, s.format or config.format, f) for s, f in zip(sources, fields)]
-        _check_template(encoder, formats, config.max_len if max_len is None else max_len)
-        return cls(sources, formats, fields, tok, tokenizer, encoder, config, _record_policy(encoder, config))
+        formats = [_source_format(s, s.format or config.format, f, config.preference) for s, f in zip(sources, fields)]
+        with encoder.probing():
+            _check_template(encoder, formats, config.max_len if max_len is None else max_len)
+            policy = _record_policy(encoder, config)
+        return cls(sources, formats, fields, tok, tokenizer, encoder, config, policy)
 
     def run(self, engine: "Engine", parts: list[Part], ledger: "Ledger", sink: Callable[[Part], Sink]) -> Iterator["PartResult"]:
         """Encode ``parts`` (``packprep.pipeline.plan_parts``) on ``engine``; merge each result into
@@ -154,7 +157,8 @@ class EncodeContext:
                     with open(os.path.join(self._folder.name, file_name), "wb") as handle:
                         handle.write(data)
                 name = self._folder.name
-            self.encoder = ChatEncoder(load_tokenizer(name), self.config.train_on, self.config.tokenizer_backend)
+            self.encoder = ChatEncoder(load_tokenizer(name), self.config.train_on, self.config.tokenizer_backend,
+                                       self.config.content_special_tokens, self.config.render_timeout)
         return self.encoder
 
 
@@ -212,12 +216,34 @@ def _normalized(context: EncodeContext, part: Part, records: Iterable[Record], l
         if record.error is not None:
             yield number, record, Rejected(record.error, "unreadable")
             continue
-        own = fmt if forced else detect_format(record.data, fields) or fmt
+        data = record.data
+        if context.config.preference == "chosen" and isinstance(data, dict) and "chosen" in data:
+            data = chosen_record(data)
+        own = fmt if forced else detect_format(data, fields) or fmt
         seen[own] += 1
         try:
-            yield number, record, normalize(record.data, own, fields, context.policy)
+            if not fields.messages and isinstance(data, dict) and "conversations" in data and "messages" in data:
+                raise Rejected("the record has both 'conversations' and 'messages'; pass --messages-field to say "
+                               "which holds the conversation", "ambiguous_record")
+            yield number, record, normalize(data, own, fields, context.policy)
         except Rejected as exc:
             yield number, record, exc
+
+
+def chosen_record(data: dict) -> dict:
+    """A preference record (a conversation or prompt, and its 'chosen' and 'rejected' replies: DPO data)
+    as one conversation that ends with the chosen reply (``--preference chosen``)."""
+    chosen, rest = data["chosen"], {k: v for k, v in data.items() if k not in ("chosen", "rejected")}
+    key = next((k for k in ("conversations", "messages") if isinstance(data.get(k), list)), None)
+    sharegpt = key == "conversations"
+    if key is None:  # TRL's layout: a prompt (text or messages) beside the replies
+        prompt = data.get("prompt")
+        key, rest["messages"] = "messages", prompt if isinstance(prompt, list) else \
+            [{"role": "user", "content": prompt}] if isinstance(prompt, str) else []
+    if isinstance(chosen, str):
+        chosen = {"from": "gpt", "value": chosen} if sharegpt else {"role": "assistant", "content": chosen}
+    rest[key] = [*rest[key], *(chosen if isinstance(chosen, list) else [chosen])]
+    return rest
 
 
 class DataGuard:
@@ -396,6 +422,7 @@ class Ledger:
         self.changes: Counter = Counter()  # what normalize.py's transforms changed in the kept records
         self.formats: dict[int, Counter] = {}  # source number -> records of each format
         self.entries: list[dict] = []
+        self.examples: dict[str, dict] = {}  # reason code -> its first rejection (written by the driver)
         self._handle = None
 
     def __enter__(self):
@@ -425,6 +452,7 @@ class Ledger:
     def keep(self, conversation: Conversation, encoded: Encoded) -> None:
         """Count what a record that is kept brings: normalizing changes, turns not located."""
         self.changes.update(conversation.changes)
+        self.changes["control_text_in_content"] += encoded.control_text
         self.turns_not_located += encoded.turns_not_located
 
     def formats_seen(self, number: int, fallback: str) -> str:
@@ -448,9 +476,23 @@ class Ledger:
         })
 
     def write(self, entry: dict) -> None:
-        """Write one numbered rejection to rejects.jsonl (the driver's ledger)."""
+        """Write one numbered rejection to rejects.jsonl (the driver's ledger); keep the first of each reason."""
+        self.examples.setdefault(entry["code"], entry)
         if self._handle is not None:
             self._handle.write(json.dumps(entry, ensure_ascii=False) + "\n")
+
+
+def top_reasons(reasons: Counter, examples: dict[str, dict], top: int = 3) -> list[str]:
+    """The most common rejection reasons, each with its first example: file, line and the reason."""
+    lines = []
+    for code, count in reasons.most_common(top):
+        entry = examples.get(code)
+        where = ""
+        if entry is not None:
+            at = f"line {entry['line']}" if entry["line"] else f"record {entry['index']}"
+            where = f": e.g. {entry['file']}, {at}: {entry['reason']}"
+        lines.append(f"{code} {count:,}{where}")
+    return lines
 
 
 def _preview(record: Record) -> str:
@@ -460,20 +502,44 @@ def _preview(record: Record) -> str:
     return json.dumps(record.data, ensure_ascii=False, default=str)[:200]
 
 
-def _source_format(source: Source, fmt: str | None, fields: FieldNames) -> str:
-    """The format of one input: forced by --format, else detected from its first decodable record."""
+def _source_format(source: Source, fmt: str | None, fields: FieldNames, preference: str = "refuse") -> str:
+    """The format of one input: forced by --format, else detected from its first decodable record.
+    Preference data is refused unless ``preference`` says what to train on."""
+    records = first_records(source, 100)
+    first = next((record.data for record in records if isinstance(record.data, dict)), None)
+    if preference == "refuse" and first is not None and "chosen" in first and "rejected" in first:
+        raise InputError(
+            f"{source.path}: preference data (DPO): each record holds a prompt and a 'chosen' and a 'rejected' "
+            "reply to it, not one conversation to learn from. packprep packs conversations for supervised "
+            "training: pass --preference chosen to train on each prompt with its chosen reply (rejected replies "
+            "are left out); for DPO itself, give the file to TRL's DPOTrainer as it is.")
     if fmt:
         return fmt
-    for record in first_records(source, 100):
-        if record.data is not None:
-            fmt = detect_format(record.data, fields)
+    for record in records:
+        if record.error is None:
+            fmt = detect_format(chosen_record(record.data) if preference == "chosen" and isinstance(record.data, dict)
+                                and "chosen" in record.data else record.data, fields)
             if fmt:
                 return fmt
-    raise InputError(
-        f"{source.path}: cannot tell the record format from its first records; expected "
-        "'conversations' (ShareGPT), 'messages' (OpenAI), 'instruction'+'output' (Alpaca) or 'text' "
-        "keys. Pass --format, or --messages-field for other column names."
-    )
+    raise InputError(f"{source.path}: {_why_no_format(records)}")
+
+
+def _why_no_format(records: list) -> str:
+    """Why no format could be told from a file's first records, in their own terms."""
+    if not records:
+        return "the file holds no records (it is empty, or holds blank lines, an empty array or zero rows)"
+    if all(record.error is not None for record in records):
+        first = records[0]
+        where = f"line {first.line}" if first.line else f"record {first.index}"
+        hint = ""
+        if first.line and str(first.data).strip() in ("{", "["):
+            hint = (" It looks like pretty-printed JSON objects one after another: write one object per line "
+                    "(JSON Lines), or one JSON array in a .json file.")
+        return f"none of its first {len(records)} records can be decoded ({where}: {first.error}).{hint}"
+    keys = next((sorted(r.data)[:8] for r in records if isinstance(r.data, dict)), None)
+    return ("cannot tell the record format from its first records" + (f" (keys: {', '.join(keys)})" if keys else "")
+            + "; expected 'conversations' (ShareGPT), 'messages' (OpenAI), 'instruction'+'output' (Alpaca) or "
+            "'text' keys. Pass --format, or --messages-field for other column names.")
 
 
 def _check_template(encoder: ChatEncoder, formats: list[str], max_len: int) -> None:

@@ -7,6 +7,7 @@ EXIT_INPUT = 3
 EXIT_VERIFY = 4
 EXIT_OUTPUT = 5
 EXIT_PUSH = 6
+EXIT_LAYOUT = 7
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 success; 1 an unexpected internal error (please report it); "
@@ -14,7 +15,9 @@ EXIT_CODES_HELP = (
     "3 an input file cannot be read, or a record was rejected under --on-error fail; "
     "4 verification failed; 5 the output could not be written (disk full, permissions); "
     "6 the push to the Hugging Face Hub failed (no or invalid token, no write access, no network, "
-    "unknown branch); 130 interrupted (Ctrl-C), nothing was written."
+    "unknown branch); 7 the folder is laid out for another training stack (torchtune, LLaMA-Factory, Axolotl, "
+    "Megatron) and cannot be read back as packed rows: verify or inspect the folder it was exported from; "
+    "130 interrupted (Ctrl-C), nothing was written."
 )
 
 
@@ -48,7 +51,19 @@ class OutputError(PackprepError):
     exit_code = EXIT_OUTPUT
 
 
+class UnreadableLayout(PackprepError):
+    """A folder exported for a training stack whose files cannot be read back as packed rows."""
+
+    exit_code = EXIT_LAYOUT
+
+
 class PushError(PackprepError):
     """The folder could not be pushed to the Hugging Face Hub (token, access, network, branch)."""
 
     exit_code = EXIT_PUSH
+
+
+def check_range(option: str, value, low, high) -> None:
+    """A ConfigError naming ``option`` and its allowed range unless ``low <= value <= high``."""
+    if not low <= value <= high:
+        raise ConfigError(f"{option} must be between {low:,} and {high:,}, not {value:,}")

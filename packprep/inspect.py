@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import ConfigError, InputError
-from .layout import IGNORE_INDEX, LayoutError, ShardReader
+from .layout import IGNORE_INDEX, LayoutError, ShardReader, readable_layout
 from .tokenize import load_tokenizer
 from .verify import read_manifest
 
@@ -40,6 +40,8 @@ def inspect_row(
     """
     folder = Path(folder)
     manifest = read_manifest(folder)
+    if manifest.get("layout"):
+        readable_layout(manifest["layout"], where=f"{folder}: ")  # a stack's own files hold no rows to show
     row, shard, local, total = _locate(manifest, row)
     record = _read_row(folder / shard["path"], local, manifest.get("layout"))
     name = tokenizer or manifest.get("tokenizer", {}).get("name_or_path")

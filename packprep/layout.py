@@ -38,7 +38,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
-from .errors import ConfigError
+from .errors import ConfigError, UnreadableLayout
 from .layouts import FILES, SAVE_TO_DISK, STACKS, TABLE, guarded_recipe
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -300,6 +300,12 @@ class LayoutError(ConfigError):
     """A layout that does not exist, or a folder in a layout that cannot be read as packed rows."""
 
 
+class UnreadableLayoutError(LayoutError, UnreadableLayout):
+    """A folder in a layout that cannot be read back as packed rows: exit code 7, not a broken folder."""
+
+    exit_code = UnreadableLayout.exit_code
+
+
 @dataclass(frozen=True)
 class LayoutContext:
     """What an adapter may need besides the rows: the row length and the source manifest."""
@@ -364,7 +370,7 @@ def readable_layout(name: "str | Layout | None", where: str = "") -> Layout:
     """The layout, if its shards read back as packed rows; else a LayoutError saying what to do."""
     layout = get_layout(name)
     if not layout.readable:
-        raise LayoutError(
+        raise UnreadableLayoutError(
             f"{where}layout {layout.name!r} is written for {layout.stack} and cannot be read back as packed rows; "
             "verify, inspect or export the packprep-layout folder it was exported from"
         )

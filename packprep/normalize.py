@@ -66,7 +66,8 @@ TOOL_CALL_SPEAKERS = ("function_call",)
 LEADING = ("drop", "reject")
 CONSECUTIVE = ("merge", "keep", "reject")
 SYSTEM = ("auto", "keep", "fold")
-CHANGES = ("leading_turns_dropped", "turns_merged", "system_folded", "tool_calls_as_text", "tool_results_as_user")
+CHANGES = ("leading_turns_dropped", "turns_merged", "system_folded", "tool_calls_as_text", "tool_results_as_user",
+           "control_text_in_content")
 
 
 class Rejected(Exception):
@@ -329,6 +330,8 @@ _CHANGE_TEXT = {
     "system_folded": "{n} system messages folded into the first user turn (--system)",
     "tool_calls_as_text": "{n} tool-calling turns written as text (the template renders no tool_calls)",
     "tool_results_as_user": "{n} tool results given as user turns (the template has no tool role)",
+    "control_text_in_content": "{n} records whose own text spells a control token, encoded as plain text "
+                               "(--content-special-tokens)",
 }
 
 

@@ -18,10 +18,11 @@ import numpy as np
 from . import __version__
 from .balance import SAMPLERS, balance_bins, balance_summary, can_balance
 from .card import length_histograms, render_card
+from .control_text import MODES as CONTENT_SPECIAL
 from .cost import model_cost
-from .encode import FATES, PACKED, REJECTED, SPLIT, Encoding, Ledger
+from .encode import FATES, PACKED, REJECTED, SPLIT, Encoding, Ledger, top_reasons
 from .engines import Engine, LocalEngine, make_engine, runs_per_item
-from .errors import ConfigError, InputError
+from .errors import ConfigError, InputError, check_range
 from .layout import DEFAULT_LAYOUT, FILES, get_layout
 from .materialize import PackSink, Segments, TokenStore
 from .normalize import CHANGES, CONSECUTIVE, FORMATS, LEADING, SYSTEM
@@ -37,6 +38,19 @@ from .write import (SHARD_FORMATS, OutputFolder, finish_shards, join_shard, pars
                     write_piece, writers)
 
 ON_ERROR = ("skip", "fail")
+
+
+# the allowed range of each number setting: checked before any work, the message names it
+PREFERENCE = ("refuse", "chosen")
+RANGES = {
+    "max_len": (2, 2**31 - 1),  # rows and their positions are int32
+    "seed": (0, 2**32 - 1),  # numpy's seeds
+    "samples_per_row": (1, 2**31 - 1),
+    "partition_size": (1, 2**62),
+    "render_timeout": (0.001, 86_400),
+    "balance_dp": (1, 2**20),
+    "rows_per_step": (1, 2**20),
+}
 
 
 @dataclass
@@ -65,6 +79,9 @@ class PackConfig:
     rows_per_step: int = 1  # with balance_dp: rows each rank takes a step (its per-device batch)
     balance_sampler: str = "distributed"  # with balance_dp: the sampler order targeted (balance.SAMPLERS)
     model_config: str | None = None  # with balance_dp: the model's config.json for the cost model (cost.py)
+    render_timeout: float = 60.0  # seconds one record's rendering may take; a record over it is rejected
+    preference: str = "refuse"  # preference data (chosen/rejected): refuse | chosen (train on the chosen reply)
+    content_special_tokens: str = "text"  # text in records that spells a control token: text | special (control_text.py)
 
     @classmethod
     def from_settings(cls, settings: dict, command: str = "pack") -> "PackConfig":
@@ -89,17 +106,19 @@ class PackConfig:
             "leading_assistant": LEADING,
             "consecutive": CONSECUTIVE,
             "system": SYSTEM,
+            "content_special_tokens": CONTENT_SPECIAL,
+            "preference": PREFERENCE,
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"--{name.replace('_', '-')} must be one of {', '.join(allowed)}")
         if self.format is not None and self.format not in FORMATS:
             raise ConfigError(f"--format must be one of {', '.join(FORMATS)}")
-        if self.max_len < 2:
-            raise ConfigError("--max-len must be at least 2")
+        for name, (low, high) in RANGES.items():
+            value = getattr(self, name)
+            if value is not None:
+                check_range(f"--{name.replace('_', '-')}", value, low, high)
         parse_size(self.shard_size)
-        if self.partition_size is not None and self.partition_size < 1:
-            raise ConfigError("--partition-size must be at least 1")
         self._validate_balance()
 
     def _validate_balance(self) -> None:
@@ -109,8 +128,6 @@ class PackConfig:
             if self.rows_per_step != 1 or self.balance_sampler != "distributed":
                 raise ConfigError("--rows-per-step and --balance-sampler apply only with --balance-dp N")
             return
-        if self.balance_dp < 1 or self.rows_per_step < 1:
-            raise ConfigError("--balance-dp and --rows-per-step must be at least 1")
         if self.balance_sampler not in SAMPLERS:
             raise ConfigError(f"--balance-sampler must be one of {', '.join(SAMPLERS)}")
         if not can_balance(STRATEGY_TABLE[self.strategy]):
@@ -285,10 +302,10 @@ def _nothing_to_pack(ledger: Ledger, sources: list[Source]) -> str:
     where = ", ".join(source.path for source in sources[:3]) + (", ..." if len(sources) > 3 else "")
     if not ledger.status:
         return f"{where}: the inputs hold no records; nothing was written"
-    reasons = ", ".join(f"{code} {count:,}" for code, count in ledger.reasons.most_common(3))
+    reasons = "; ".join(top_reasons(ledger.reasons, ledger.examples))
     return (
         f"{where}: all {len(ledger.status):,} records were rejected ({reasons}); nothing was written. "
-        "Check --format, --messages-field and the tokenizer's chat template, or run packprep stats to see why"
+        "Check --format, --messages-field and the tokenizer's chat template"
     )
 
 
@@ -339,6 +356,7 @@ def _manifest(config, described: dict, ledger, sequences: int, segments, shards)
             "records": len(ledger.status),
             **fates,
             "rejected_by_reason": dict(sorted(ledger.reasons.items())),
+            "top_rejections": top_reasons(ledger.reasons, ledger.examples),
             "turns_not_located": ledger.turns_not_located,
             "normalized": {name: ledger.changes.get(name, 0) for name in CHANGES},
         },

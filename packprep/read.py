@@ -16,6 +16,7 @@ import io
 import itertools
 import json
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -69,7 +70,9 @@ def resolve_inputs(inputs: list[str]) -> list[Source]:
         raise ConfigError("no input given: pass one or more files, folders or Hub dataset ids")
     sources = []
     for spec in inputs:
-        if not Path(spec).exists() and any(c in spec for c in GLOB_CHARACTERS):
+        if spec in STDIN:
+            found = [Source(_spool_stdin(), "jsonl")]
+        elif not Path(spec).exists() and any(c in spec for c in GLOB_CHARACTERS):
             matches = sorted(glob.glob(os.path.expanduser(spec), recursive=True))
             if not matches:
                 raise ConfigError(f"{spec}: no file matches this pattern")
@@ -78,6 +81,24 @@ def resolve_inputs(inputs: list[str]) -> list[Source]:
             found = _resolve(spec)
         sources.extend(Source(s.path, s.kind, named=spec) for s in found)
     return sources
+
+
+STDIN = ("-", "/dev/stdin")
+
+
+def _spool_stdin() -> str:
+    """Standard input copied to a temporary file (removed at exit): a run reads its inputs more than
+    once (the format, the parts, the manifest's sha256). JSON Lines, or one JSON array."""
+    import atexit
+    import sys
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="packprep-stdin-")
+    atexit.register(shutil.rmtree, folder, True)
+    path = os.path.join(folder, "stdin.jsonl")
+    with open(path, "wb") as handle:
+        shutil.copyfileobj(sys.stdin.buffer, handle, 1 << 20)
+    return path
 
 
 def _resolve(spec: str) -> list[Source]:
@@ -316,7 +337,7 @@ LONE_SURROGATE = "a string holds an unpaired UTF-16 surrogate escape (such as \\
 
 def _read_jsonl(path: str) -> Iterator[Record]:
     _check_text(path)
-    if _first_character(path) == "[":  # a JSON array saved as .jsonl: read it as the array it is
+    if _first_character(path) == "[" and _array_not_lines(path):  # a JSON array saved as .jsonl
         yield from _read_json(path)
         return
     yield from _jsonl_records(path, _open_text(path), _bom_length(path))
@@ -373,6 +394,24 @@ def _bom_length(path: str) -> int:
             return 3 if handle.read(3) == b"\xef\xbb\xbf" else 0
     except (OSError, EOFError):
         return 0
+
+
+def _array_not_lines(path: str) -> bool:
+    """Whether a .jsonl file that starts with "[" is one JSON array (pretty-printed, or on one line),
+    not lines of which the first holds an array (or is too deeply nested to decode: rejected on its own)."""
+    try:
+        with _open_text(path) as handle:
+            first = handle.readline()
+            more = any(line.strip() for line in handle)
+    except (OSError, EOFError, UnicodeDecodeError):
+        return True  # the array reader reports it
+    try:
+        json.loads(first)
+    except RecursionError:
+        return False
+    except ValueError:
+        return True  # the array goes on past the first line
+    return not more
 
 
 def _first_character(path: str) -> str:

@@ -43,6 +43,7 @@ class Rendered:
     turns_not_located: int = 0
     train_all: bool = False
     add_special_tokens: bool = False
+    markup: list[tuple[int, int]] | None = None  # control_text.py: the template's special tokens, when content spells one
 
 
 def template_source(tokenizer) -> str | None:

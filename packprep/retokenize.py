@@ -20,6 +20,8 @@ import numpy as np
 from .layout import IGNORE_INDEX, ShardReader
 from .normalize import FieldNames, Policy, Rejected, detect_format, fit_to_template, normalize
 from .read import file_sha256, resolve_inputs, stream_records
+from .control_text import ControlText
+from .encode import chosen_record
 from .render import ChatTemplate, Rendered, render_conversation
 from .tokenize import load_tokenizer
 
@@ -49,12 +51,15 @@ def retokenize_check(folder: Path, manifest: dict, n: int, seed: int = 0) -> tup
     policies = (config.get("leading_assistant", "drop"), config.get("consecutive", "merge"))
     policy = fit_to_template(template.render, *policies, config.get("system", "auto")) if template.source \
         else Policy(*policies)  # fitted to the template as pack fits it, here through transformers' renderer
+    # text spelling a control token: found as pack finds it, tokenized here by transformers (split_special_tokens)
+    control = ControlText(tokenizer) if config.get("content_special_tokens", "special") == "text" else None
     remade: dict[int, tuple[np.ndarray, np.ndarray] | str] = {}
     failures = []
     for seq in sample:
         if seq.source_index not in remade:
             remade[seq.source_index] = _remake(records[seq.source_index], fields, policy, config.get("format"), template,
-                                               tokenizer, config["train_on"])
+                                               tokenizer, config["train_on"], control,
+                                               config.get("preference") == "chosen")
         problem = _compare(seq, remade[seq.source_index])
         if problem:
             where = records[seq.source_index][0]
@@ -124,14 +129,21 @@ def _records(manifest: dict, wanted: list[int]) -> dict[int, tuple[str, object, 
     return found
 
 
-def _remake(found, fields, policy, forced, template, tokenizer, train_on) -> tuple[np.ndarray, np.ndarray] | str:
+def _remake(found, fields, policy, forced, template, tokenizer, train_on, control,
+            chosen: bool) -> tuple[np.ndarray, np.ndarray] | str:
     """(ids, labels) of the record as the definition makes them, or why they cannot be made."""
     _, data, fmt = found
     if data is None:
         return fmt  # why it could not be read
+    if chosen and isinstance(data, dict) and "chosen" in data:
+        data = chosen_record(data)
     fmt = forced or detect_format(data, fields) or fmt.split("+")[0]  # told per record, as pack tells it
     try:
-        rendered = render_conversation(template, normalize(data, fmt, fields, policy), train_on)
+        conversation = normalize(data, fmt, fields, policy)
+        if control is not None and control.spells(conversation):
+            rendered = control.render(lambda c: render_conversation(template, c, train_on), conversation)
+        else:
+            rendered = render_conversation(template, conversation, train_on)
     except Rejected as exc:
         return f"the record is rejected when rendered again ({exc})"
     return _labelled(rendered, tokenizer)
@@ -139,7 +151,8 @@ def _remake(found, fields, policy, forced, template, tokenizer, train_on) -> tup
 
 def _labelled(rendered: Rendered, tokenizer) -> tuple[np.ndarray, np.ndarray]:
     """Tokenize with the tokenizer itself; a token is trained when its first character is in a trained span."""
-    encoding = tokenizer(rendered.text, add_special_tokens=rendered.add_special_tokens, return_offsets_mapping=True)
+    encoding = _markup_encoding(rendered, tokenizer) if rendered.markup is not None else \
+        tokenizer(rendered.text, add_special_tokens=rendered.add_special_tokens, return_offsets_mapping=True)
     ids = np.asarray(encoding["input_ids"], np.int64)
     if rendered.train_all:
         eos = tokenizer.eos_token_id
@@ -151,6 +164,27 @@ def _labelled(rendered: Rendered, tokenizer) -> tuple[np.ndarray, np.ndarray]:
     for first, last in rendered.spans:
         trained |= (starts >= first) & (starts < last)
     return ids, np.where(trained, ids, IGNORE_INDEX)
+
+
+def _markup_encoding(rendered: Rendered, tokenizer) -> dict:
+    """The text's ids and offsets with control ids at the template's markup only: each stretch between
+    two markup tokens tokenized with ``split_special_tokens=True``."""
+    text, ids, offsets, at = rendered.text, [], [], 0
+    for start, end in [*rendered.markup, (len(rendered.text), None)]:
+        if at < start:
+            part = tokenizer(text[at:start], add_special_tokens=False, split_special_tokens=True,
+                             return_offsets_mapping=True)
+            ids += part["input_ids"]
+            offsets += [(at + a, at + b) for a, b in part["offset_mapping"]]
+        if end is not None:
+            ids.append(tokenizer.convert_tokens_to_ids(text[start:end]))
+            offsets.append((start, end))
+            at = end
+    tokenizer.backend_tokenizer.encode_special_tokens = False  # transformers leaves it on after split_special_tokens
+    if rendered.add_special_tokens:
+        wrapped = tokenizer.build_inputs_with_special_tokens([])
+        ids, offsets = [*wrapped, *ids], [(0, 0)] * len(wrapped) + offsets
+    return {"input_ids": ids, "offset_mapping": offsets}
 
 
 def _compare(seq: Sampled, remade) -> str | None:

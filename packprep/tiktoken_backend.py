@@ -170,7 +170,7 @@ class TiktokenBackend:
                 pattern = _pattern(_state(hf.pre_tokenizer))
                 ranks = _cached_ranks(hf.model, set(special.values()), getattr(tokenizer, "file_sha256", None), fresh)
             _check_post_processor(_state(hf.post_processor))
-            prefix, suffix = _added_by_post_processor(hf)
+            prefix, suffix = added_by_post_processor(hf)
         except _NotEligible as exc:
             return None, str(exc)
         ids = np.fromiter(ranks.values(), np.int64, len(ranks))
@@ -735,7 +735,7 @@ def _check_post_processor(post: dict | None) -> None:
             raise _NotEligible("the ByteLevel post-processor trims offsets")
 
 
-def _added_by_post_processor(hf) -> tuple[list[int], list[int]]:
+def added_by_post_processor(hf) -> tuple[list[int], list[int]]:
     """The ids that ``add_special_tokens=True`` puts before and after a text."""
     plain = hf.encode("Hello", add_special_tokens=False).ids
     full = hf.encode("Hello", add_special_tokens=True).ids

@@ -16,8 +16,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .control_text import MODES, ControlText, encode_with_markup, first_tokens
 from .errors import ConfigError, PackprepError
 from .layout import IGNORE_INDEX
+from .timelimit import RenderTimeout, time_limit
 from .normalize import Conversation, Rejected
 from .render import Rendered, render_conversation, template_source
 from .render_onepass import choose_template
@@ -32,6 +34,7 @@ class Encoded:
     input_ids: np.ndarray  # int32
     labels: np.ndarray  # int32, IGNORE_INDEX where not trained
     turns_not_located: int = 0
+    control_text: bool = False  # its content spells a control token, encoded as text (control_text.py)
 
 
 def load_tokenizer(name_or_path: str, *, transformers: bool = False):
@@ -95,7 +98,10 @@ class ChatEncoder:
     use HF from the start.
     """
 
-    def __init__(self, tokenizer, train_on: str = "assistant", backend: str = "auto"):
+    def __init__(self, tokenizer, train_on: str = "assistant", backend: str = "auto", content_special: str = "text",
+                 render_timeout: float | None = None):
+        if content_special not in MODES:
+            raise ConfigError(f"--content-special-tokens must be one of {', '.join(MODES)}, not {content_special!r}")
         if train_on not in TRAIN_ON:
             raise ConfigError(f"--train-on must be one of {TRAIN_ON}, not {train_on!r}")
         if backend not in BACKENDS:
@@ -104,7 +110,9 @@ class ChatEncoder:
         self.train_on = train_on
         if backend != "hf" and hasattr(tokenizer, "hash_in_background"):
             tokenizer.hash_in_background()  # the cache key, hashed while the template compiles
-        self.template = choose_template(tokenizer)  # the one-pass accelerator where it agrees with the reference
+        self.render_timeout = render_timeout  # seconds a record's rendering may take (timelimit.py)
+        with self.probing(tokenizer):
+            self.template = choose_template(tokenizer)  # the one-pass accelerator where it agrees with the reference
         self.requested_backend = backend
         self._fast = None
         self._guard_chars = GUARD_CHARS
@@ -119,6 +127,20 @@ class ChatEncoder:
                 self._guard_chars = 0
             self._fast = fast
         self.eos_token_id = tokenizer.eos_token_id  # after fast_backend: a verified record knows it
+        self._control = ControlText(tokenizer) if content_special == "text" else None
+        self._post = None  # what add_special_tokens=True adds around a text, for control_text.encode_with_markup
+
+    @contextmanager
+    def probing(self, tokenizer=None):
+        """A block that renders the start-up probes: a template that does not finish them stops the run."""
+        try:
+            with time_limit(self.render_timeout):
+                yield
+        except RenderTimeout:
+            name = getattr(tokenizer or self.tokenizer, "name_or_path", "the tokenizer")
+            raise ConfigError(f"the chat template of {name} did not finish rendering a two-message probe "
+                              f"conversation in {self.render_timeout:g} s (--render-timeout): it may loop without "
+                              "end; fix the template or pass a tokenizer with another") from None
 
     @property
     def _backend(self):
@@ -165,6 +187,17 @@ class ChatEncoder:
         return bool(self.template.source)
 
     def render(self, conversation: Conversation) -> Rendered:
+        """The conversation rendered, in at most ``render_timeout`` seconds (else Rejected)."""
+        try:
+            with time_limit(self.render_timeout):
+                return self._render(conversation)
+        except RenderTimeout:
+            raise Rejected(f"the chat template did not finish rendering this record in {self.render_timeout:g} s "
+                           "(--render-timeout)", "render_timeout") from None
+
+    def _render(self, conversation: Conversation) -> Rendered:
+        if self._control is not None and self._control.spells(conversation):
+            return self._control.render(lambda c: render_conversation(self.template, c, self.train_on), conversation)
         return render_conversation(self.template, conversation, self.train_on)
 
     def encode(self, conversations: Sequence[Conversation]) -> list[Encoded | Rejected]:
@@ -203,7 +236,7 @@ class ChatEncoder:
             elif not trained:
                 out.append(Rejected("no supervised token (every label is -100)", "no_supervised_tokens"))
             else:
-                out.append(Encoded(ids, labels, r.turns_not_located))
+                out.append(Encoded(ids, labels, r.turns_not_located, r.markup is not None))
         return out
 
     def _ids_and_cuts(self, rendered: list[Rendered]) -> list[tuple[np.ndarray, list[int]]]:
@@ -233,6 +266,9 @@ class ChatEncoder:
         results: list[Any] = [None] * len(rendered)
         groups: dict[tuple[bool, bool], list[int]] = {}  # (add special tokens, on the fast path) -> texts
         for i, r in enumerate(rendered):
+            if r.markup is not None:  # content spells a control token: HF, segment by segment, on any backend
+                results[i] = self._encode_markup(r)
+                continue
             groups.setdefault((r.add_special_tokens, fast is not None and fast.can_encode(r.text)), []).append(i)
         for (special, use_fast), group in groups.items():
             texts = [rendered[i].text for i in group]
@@ -246,6 +282,15 @@ class ChatEncoder:
                     bounds = [c for span in rendered[i].spans for c in span]
                     results[i] = (ids, [_first_token_at_or_after(encoding, c, len(ids), n) for c in bounds])
         return results
+
+    def _encode_markup(self, r: Rendered) -> tuple[np.ndarray, list[int]]:
+        """Ids and cuts of a text whose content spells control tokens (control_text.py)."""
+        if self._post is None:
+            from .tiktoken_backend import added_by_post_processor
+
+            self._post = added_by_post_processor(self._backend)
+        ids, offsets = encode_with_markup(self._backend, r, self._control.tokens, self._post)
+        return ids, first_tokens(offsets, [c for span in r.spans for c in span], len(r.text))
 
 
 def _first_difference(rendered: list[Rendered], expected: list, got: list) -> str | None:

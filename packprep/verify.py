@@ -37,8 +37,9 @@ from typing import Callable, Iterator
 import numpy as np
 import pyarrow as pa
 
-from .errors import ConfigError, InputError
-from .layout import IGNORE_INDEX, ROW_SCHEMA, LayoutError, ShardReader, list_column, readable_layout
+from .errors import ConfigError, InputError, check_range
+from .layout import (IGNORE_INDEX, ROW_SCHEMA, LayoutError, ShardReader, UnreadableLayoutError, list_column,
+                     readable_layout)
 from .normalize import load_schema
 from .read import file_sha256
 
@@ -124,6 +125,8 @@ def verify(folder: str | Path, check_hashes: bool = True, retokenize: int = 0, s
     ``checked``: the manifest's shards already checked, in its order (``pack`` checks the shards it
     wrote, reading them back); only the totals are left.
     """
+    check_range("--retokenize", retokenize, 0, 2**31 - 1)
+    check_range("--seed", seed, 0, 2**32 - 1)
     folder = Path(folder)
     report = Report()
     manifest = _load_manifest(folder, report)
@@ -263,8 +266,11 @@ def _load_manifest(folder: Path, report: Report) -> dict | None:
         try:
             readable_layout(layout)
         except LayoutError as exc:
-            report.failures.append(Failure("layout", str(exc)))
+            before = len(report.failures)
             _check_listed_files(folder, manifest, report)
+            if isinstance(exc, UnreadableLayoutError) and len(report.failures) == before:  # whole, only unreadable here
+                raise UnreadableLayoutError(f"{folder}: its files match the manifest, but {exc}") from None
+            report.failures.append(Failure("layout", str(exc)))
             return None
     errors = list(jsonschema.Draft202012Validator(load_schema("manifest")).iter_errors(manifest))
     for error in errors[:5]:

@@ -57,7 +57,7 @@ class OutputFolder:
     """The output path, guarded: refused if it exists without ``overwrite``, written atomically."""
 
     def __init__(self, path: str | os.PathLike, overwrite: bool = False):
-        self.final = Path(path).absolute()
+        self.final = _through_links(Path(path).absolute())
         self.overwrite = overwrite
         self.tmp = self.final.parent / f".{self.final.name}.packprep-tmp-{os.getpid()}"
 
@@ -111,6 +111,20 @@ class OutputFolder:
             match = pattern.match(sibling.name)
             if match and not _pid_alive(int(match.group(1))):
                 shutil.rmtree(sibling, ignore_errors=True)
+
+
+def _through_links(path: Path) -> Path:
+    """The output path with its symbolic links followed: a link to a folder is written through (the
+    folder it names is replaced under --overwrite, the link kept); a loop or a dangling link is a
+    ConfigError now, before any work, not a failed rename after it."""
+    try:
+        resolved = path.resolve()
+    except (RuntimeError, OSError) as exc:  # Python 3.11 raises RuntimeError on a loop, later ones OSError
+        raise ConfigError(f"{path}: the path goes through a symbolic link loop; choose another --output") from exc
+    if path.is_symlink() and not path.exists():
+        raise ConfigError(f"{path} is a symbolic link to {os.readlink(path)}, which does not exist; remove the "
+                          "link or choose another --output")
+    return resolved
 
 
 def _pid_alive(pid: int) -> bool:

@@ -131,17 +131,18 @@ def test_export_refuses_to_overwrite_and_leaves_nothing_half_written(packed, tmp
 
 
 def test_verify_refuses_a_layout_it_cannot_read(packed, tmp_path, monkeypatch):
-    """A stack's own format (padded rows, other files) is refused by name, never misread."""
+    """A stack's own format (padded rows, other files) is refused by name, never misread: exit 7 when
+    its files match the manifest (it is not broken, only not readable as rows), a failure when not."""
     padded = L.Layout("padded-test", "a test stack", L.TABLE, "recipe",
                       convert=lambda table, context: table.drop_columns(["seq_lens"]))
     monkeypatch.setitem(L.LAYOUTS, padded.name, padded)
     export(packed, "padded-test", tmp_path / "padded")
-    report = packprep.verify(tmp_path / "padded")
-    assert [f.check for f in report.failures] == ["layout"]
-    assert "padded-test" in report.failures[0].message and "exported from" in report.failures[0].message
+    with pytest.raises(L.UnreadableLayoutError, match="padded-test.*exported from") as raised:
+        packprep.verify(tmp_path / "padded")
+    assert raised.value.exit_code == 7
     shard = tmp_path / "padded" / json.loads((tmp_path / "padded" / "packprep.json").read_text())["shards"][0]["path"]
     shard.write_bytes(shard.read_bytes() + b"x")  # its files are still checked
-    assert [f.check for f in packprep.verify(tmp_path / "padded").failures] == ["layout", "shard_file"]
+    assert [f.check for f in packprep.verify(tmp_path / "padded").failures] == ["shard_file", "layout"]
     with pytest.raises(L.LayoutError):
         export(tmp_path / "padded", "trl", tmp_path / "again")
 

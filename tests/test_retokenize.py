@@ -22,7 +22,7 @@ TOKENIZERS = ["llama3", "qwen2.5", "mistral-7b-v0.1", "llama2", "gpt2"]
 # each file packed a different way, so that whole, truncated and cut sequences are all checked
 SETTINGS = {
     "fastchat_dummy_conversation.json": {"max_len": 1024},
-    "llamafactory_dpo_en_demo.json": {"max_len": 512, "overlong": "split"},
+    "llamafactory_dpo_en_demo.json": {"max_len": 512, "overlong": "split", "preference": "chosen"},
     "llamafactory_glaive_toolcall_en_demo.json": {"max_len": 1024, "strategy": "bfd"},
     "llamafactory_kto_en_demo.json": {"max_len": 256, "overlong": "truncate"},
     "medicalgpt_sharegpt_zh_1K_format.jsonl": {"max_len": 2048, "strategy": "random", "overlong": "split"},

@@ -20,7 +20,7 @@ from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any, Callable, Iterable, Iterator, Protocol
 
-from ..errors import ConfigError
+from ..errors import ConfigError, check_range
 
 ENGINES = ("local", "ray")
 IN_FLIGHT_PER_WORKER = 4  # tasks submitted and not yet collected, per worker: bounds the driver's memory
@@ -53,7 +53,9 @@ def make_engine(name: str = "local", num_proc: int | None = None, ray_address: s
     """The engine called ``name`` with ``num_proc`` workers (default: every core of this machine)."""
     if name not in ENGINES:
         raise ConfigError(f"--engine must be one of {', '.join(ENGINES)}")
-    num_proc = max(1, num_proc or os.cpu_count() or 1)
+    if num_proc is not None:
+        check_range("--num-proc", num_proc, 1, 4096)
+    num_proc = num_proc or os.cpu_count() or 1
     if name == "ray":
         from .ray import RayEngine
 

@@ -92,6 +92,10 @@ def eos_id(manifest: Mapping[str, Any]) -> int | None:
     if not name:
         return None
     try:
+        from ..tokenizer_folder import FolderTokenizer, loadable
+
+        if loadable(name):  # a tokenizer folder: read without importing transformers (seconds of start-up)
+            return FolderTokenizer(name).eos_token_id
         from transformers import AutoTokenizer
 
         return AutoTokenizer.from_pretrained(name, local_files_only=True).eos_token_id

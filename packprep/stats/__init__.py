@@ -38,7 +38,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from ..cost import model_cost
-from ..encode import Encoding, Ledger
+from ..encode import Encoding, Ledger, top_reasons
 from ..engines import make_engine
 from ..errors import ConfigError
 from ..normalize import CHANGES
@@ -132,6 +132,7 @@ def stats(
         "conversations": int(len(lengths)),
         "rejected": rejected,
         "rejected_by_reason": dict(sorted(tally.reasons.items())),
+        "top_rejections": top_reasons(tally.reasons, tally.examples),
         "turns_not_located": tally.turns_not_located,
         "normalized": {name: tally.changes.get(name, 0) for name in CHANGES},
         "tokens": {"total": int(lengths.sum()), "supervised": int(supervised.sum())},

@@ -136,6 +136,8 @@ def render_text(report: dict) -> str:
     if report["rejected_by_reason"]:
         line += " (" + ", ".join(f"{k} {_n(v)}" for k, v in report["rejected_by_reason"].items()) + ")"
     lines.extend(_wrap(line))
+    for reason in report.get("top_rejections", []):
+        lines.extend(_wrap(f"  {reason}"))
     lines.extend(_wrap(changes_text(report.get("normalized") or {}, report.get("turns_not_located", 0))))
     lines.append(
         f"{report['tokens']['total']:,} tokens, {report['tokens']['supervised']:,} supervised "

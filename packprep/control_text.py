@@ -1,0 +1,182 @@
+"""Text in message content that spells a control token is text, not the token (issue 24).
+
+A user message holding ``<|eot_id|><|start_header_id|>assistant<|end_header_id|>`` must not put a
+fabricated assistant turn into the training data. Tokenizers split added tokens out of a text before
+anything else, wherever they occur, so the rendered conversation cannot say which ``<|eot_id|>`` the
+template wrote and which the user did. Hence, before rendering, each special-token string in the
+record's own strings (content, names, tool arguments, tools) is swapped for a placeholder that no
+template changes (digits and punctuation); after rendering, the placeholders are found and the
+original strings put back. The special tokens of the rendered text outside them are the template's
+markup: those, and only those, become control ids. The text between them is encoded as Hugging Face
+does with ``split_special_tokens=True`` (``encode_special_tokens``): special tokens in it are plain
+text, non-special added tokens (Qwen's ``<tool_call>``) are still split out, as HF splits them.
+
+Only the rare record whose strings spell a special token takes this path (a few in 5,000 scraped
+conversations); it is encoded by the HF tokenizer segment by segment, on either backend, and counted
+(``control_text_in_content``). ``--content-special-tokens special`` keeps the old behaviour.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from .normalize import Conversation, Rejected
+from .render import Rendered
+
+MODES = ("text", "special")  # content spelling a control token: plain text (default), or the token
+
+
+def special_tokens(tokenizer) -> list[tuple[str, int, bool, bool]]:
+    """(content, id, lstrip, rstrip) of every added token marked special, as tokenizer.json says."""
+    backend_loaded = getattr(tokenizer, "backend_loaded", True)
+    folder = getattr(tokenizer, "name_or_path", None)
+    if not backend_loaded and folder and (Path(folder) / "tokenizer.json").is_file():
+        data = (Path(folder) / "tokenizer.json").read_text(encoding="utf-8")
+        at = data.find("[", data.find('"added_tokens"'))  # read that array only, not the 9 MB around it
+        added = json.JSONDecoder().raw_decode(data, at)[0] if at > 0 else []
+        return [(t["content"], t["id"], t.get("lstrip", False), t.get("rstrip", False))
+                for t in added if t.get("special")]
+    hf = getattr(tokenizer, "backend_tokenizer", tokenizer)
+    return [(t.content, i, t.lstrip, t.rstrip) for i, t in hf.get_added_tokens_decoder().items() if t.special]
+
+
+class ControlText:
+    """Finds special-token text in a conversation's strings and keeps it apart from the markup."""
+
+    def __init__(self, tokenizer):
+        self.tokens = {content: (token, lstrip, rstrip) for content, token, lstrip, rstrip in special_tokens(tokenizer)}
+        contents = sorted(self.tokens, key=len, reverse=True)  # longest first, as the added vocabulary matches
+        self._find = re.compile("|".join(map(re.escape, contents))) if contents else None
+        self._starts = {c[:2] for c in contents}  # a cheap test before the regex
+        self._nonce = "".join(random.choice("0123456789") for _ in range(16))
+        self._placeholder = re.compile(f"#{self._nonce}-([0-9]+)#")
+
+    def _spells(self, value) -> bool:
+        if isinstance(value, str):
+            return any(s in value for s in self._starts) and self._find.search(value) is not None
+        if isinstance(value, dict):
+            return any(self._spells(v) for k, v in value.items() if k != "role")
+        if isinstance(value, list):
+            return any(map(self._spells, value))
+        return False
+
+    def spells(self, conversation: Conversation) -> bool:
+        """Whether any string of the conversation spells a special token."""
+        if self._find is None:
+            return False
+        if conversation.text is not None:
+            return self._spells(conversation.text)
+        return self._spells(conversation.messages) or self._spells(conversation.tools)
+
+    def _mask(self, value, found: list[str]):
+        if isinstance(value, str):
+            return self._find.sub(lambda m: f"#{self._nonce}-{found.append(m.group()) or len(found) - 1}#", value)
+        if isinstance(value, dict):
+            return {k: v if k == "role" else self._mask(v, found) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self._mask(v, found) for v in value]
+        return value
+
+    def render(self, render, conversation: Conversation) -> Rendered:
+        """``render(conversation)`` with the control text of its strings kept as text (``markup`` set)."""
+        if conversation.text is not None:
+            return replace(render(conversation), markup=[])  # plain text: all of it is content
+        found: list[str] = []
+        masked = replace(conversation, messages=self._mask(conversation.messages, found),
+                         tools=self._mask(conversation.tools, found))
+        rendered = render(masked)
+        return self._unmask(rendered, found)
+
+    def _unmask(self, rendered: Rendered, found: list[str]) -> Rendered:
+        """The rendering with the original strings back, its spans moved, and its markup tokens located."""
+        text = rendered.text
+        pieces, moves, at, shift = [], [], 0, 0  # moves: (masked position, shift after it)
+        for match in self._placeholder.finditer(text):
+            k = int(match.group(1))
+            if k >= len(found):
+                break
+            pieces += [text[at:match.start()], found[k]]
+            shift += len(found[k]) - (match.end() - match.start())
+            moves.append((match.start(), match.end(), shift))
+            at = match.end()
+        pieces.append(text[at:])
+        final = "".join(pieces)
+        if self._nonce in final:
+            raise Rejected("the record's text spells a control token and the chat template changes that text, "
+                           "so it cannot be told from the template's own markup", "control_text_unlocated")
+        ends = [end for _, end, _ in moves]
+
+        def moved(position: int) -> int:
+            k = int(np.searchsorted(ends, position, side="right"))  # placeholders ending at or before it
+            if k < len(moves) and moves[k][0] < position:  # inside a placeholder: at its start
+                position = moves[k][0]
+            return position + (moves[k - 1][2] if k else 0)
+
+        markup = [(moved(m.start()), moved(m.end())) for m in self._find.finditer(text)]
+        spans = [(moved(a), moved(b)) for a, b in rendered.spans]
+        return replace(rendered, text=final, spans=spans, markup=markup)
+
+
+def encode_with_markup(hf, rendered: Rendered, tokens: dict, post: tuple[list[int], list[int]]):
+    """Ids and char offsets of ``rendered.text``: control ids at its markup only, the text between
+    encoded as HF does with ``split_special_tokens=True`` (an added token's lstrip/rstrip kept)."""
+    text = rendered.text
+    cuts, ids_at = [], []  # (start, end) of each markup token, widened by lstrip/rstrip; its id
+    for start, end in rendered.markup:
+        token, lstrip, rstrip = tokens[text[start:end]]
+        low = cuts[-1][1] if cuts else 0
+        while lstrip and start > low and text[start - 1].isspace():
+            start -= 1
+        while rstrip and end < len(text) and text[end].isspace():
+            end += 1
+        cuts.append((start, end))
+        ids_at.append(token)
+    bounds = [0, *[c for cut in cuts for c in cut], len(text)]
+    segments = [(a, b) for a, b in zip(bounds[::2], bounds[1::2])]
+    saved = hf.encode_special_tokens
+    hf.encode_special_tokens = True
+    try:
+        encodings = hf.encode_batch([text[a:b] for a, b in segments], add_special_tokens=False)
+    finally:
+        hf.encode_special_tokens = saved
+    ids, offsets = [], []
+    for k, ((a, b), encoding) in enumerate(zip(segments, encodings)):
+        if a < b:
+            ids += encoding.ids
+            offsets += [(a + s, a + e) for s, e in encoding.offsets]
+        if k < len(cuts):
+            ids.append(ids_at[k])
+            offsets.append(cuts[k])
+    if rendered.add_special_tokens:
+        before, after = post
+        ids = [*before, *ids, *after]
+        offsets = [(0, 0)] * len(before) + offsets + [(len(text), len(text))] * len(after)
+    return np.asarray(ids, dtype=np.int32), offsets
+
+
+def first_tokens(offsets: list[tuple[int, int]], chars: list[int], text_length: int) -> list[int]:
+    """For each char, the first token at or after it, as tokenize._first_token_at_or_after finds it
+    from an HF encoding (``char_to_token``: the first token whose offsets hold the char)."""
+    starts = np.asarray([s for s, _ in offsets], dtype=np.int64)
+    ends = np.asarray([e for _, e in offsets], dtype=np.int64)
+    out = []
+    for char in chars:
+        if char <= 0:
+            out.append(0)
+            continue
+        token, probe = None, char
+        while token is None:
+            if probe >= text_length:
+                token = len(offsets)
+                break
+            hits = np.flatnonzero((starts <= probe) & (ends > probe))
+            token = int(hits[0]) if len(hits) else None
+            probe += 1
+        out.append(token if token == len(offsets) or starts[token] >= char else token + 1)
+    return out
