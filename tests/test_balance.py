@@ -167,7 +167,7 @@ def test_cli_refuses_what_cannot_be_balanced(tmp_path):
         (["--balance-dp", "4", "--strategy", "random"], "greedy, bfd"),
         (["--balance-dp", "4", "--row-order", "length"], "--row-order"),
         (["--rows-per-step", "2"], "only with --balance-dp"),
-        (["--balance-dp", "0"], "at least 1"),
+        (["--balance-dp", "0"], "--balance-dp must be between 1 and"),
     ]
     for extra, message in cases:
         result = runner.invoke(main, base + extra)
