@@ -27,3 +27,19 @@ needs_fixtures = pytest.mark.skipif(not FIXTURES.is_dir(), reason="../shared/fix
 
 def fixture_tokenizer(name: str) -> str:
     return str(TOKENIZERS / name)
+
+
+@pytest.fixture(scope="session")
+def template_folder(tmp_path_factory):
+    """``template_folder("qwen3")``: the path of that family's tokenizer folder (tests/template_folders.py)."""
+    from .template_folders import build_folder
+
+    root = tmp_path_factory.mktemp("template-folders")
+    built = {}
+
+    def get(name: str) -> str:
+        if name not in built:
+            built[name] = str(build_folder(name, root / name))
+        return built[name]
+
+    return get
