@@ -6,6 +6,7 @@ import json
 
 from .layout import COLUMNS, FILES, LayoutContext, get_layout
 from .normalize import changes_text
+from .render import context_text
 
 # Values the Hub accepts for ``size_categories``: (upper bound of rows, label).
 SIZE_CATEGORIES = [
@@ -199,7 +200,8 @@ than the lower bound ceil(tokens / max_len).
 
 Records: {counts['records']:,} read, {counts['packed']:,} packed whole, {counts['truncated']:,} truncated,
 {counts['split']:,} split, {counts['rejected']:,} rejected ({reasons}; see `rejects.jsonl`).
-Normalizing, {changes_text(counts.get('normalized') or {}, counts.get('turns_not_located', 0))}. Inputs:
+Normalizing, {changes_text(counts.get('normalized') or {}, counts.get('turns_not_located', 0))}.
+Labels: {context_text(manifest['config'].get('turn_context', 'exact'), counts)} (docs/chat-templates.md). Inputs:
 
 {_inputs_text(manifest)}
 

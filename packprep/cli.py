@@ -19,6 +19,7 @@ from . import __version__
 from .errors import EXIT_CODES_HELP, EXIT_INTERNAL, PackprepError
 from .layout import layout_names
 from .normalize import CONSECUTIVE, FORMATS, LEADING, SYSTEM, changes_text
+from .render import TURN_CONTEXTS, context_text
 from .packing import ROW_ORDERS, STRATEGIES, STRATEGY_TABLE
 from .inspect import inspect_row
 from .engines import ENGINES, make_engine
@@ -66,6 +67,12 @@ def _default(function, name: str):
 # options pack and stats share, so that both read records the same way
 _SAMPLES_PER_ROW = click.option("--samples-per-row", default=None, type=int,
                                 help="Samples per row for --strategy minibatch.")
+_TURN_CONTEXT = click.option(
+    "--turn-context", default=DEFAULT.turn_context, show_default=True, type=click.Choice(TURN_CONTEXTS),
+    help="A turn the chat template renders differently in the whole conversation than at inference (Qwen3, "
+    "DeepSeek-R1): exact trains every turn in its inference context (the conversation becomes several "
+    "sequences, their repeated context counted); intact trains only the turns the whole rendering holds so; "
+    "rendered trains them as the whole rendering writes them. See docs/chat-templates.md.")
 _NUM_PROC = click.option("--num-proc", default=None, type=int, help="Tokenizer processes [default: all cores].")
 
 
@@ -110,6 +117,7 @@ def main():
 @click.option("--seed", default=DEFAULT.seed, show_default=True, type=int, help="Seed for shuffles; same seed, same bytes.")
 @click.option("--train-on", default=DEFAULT.train_on, show_default=True, type=click.Choice(TRAIN_ON),
               help="Which tokens get labels: every assistant turn, only the last, or all tokens.")
+@_TURN_CONTEXT
 @_record_options
 @click.option("--overlong", default=DEFAULT.overlong, show_default=True, type=click.Choice(OVERLONG),
               help="What to do with a sample longer than --max-len.")
@@ -166,6 +174,7 @@ def pack(inputs, tokenizer, output, format_, num_proc, engine, ray_address, push
         f"rejected {counts['rejected']:,}"
         + (f" (see {output}/rejects.jsonl)" if counts["rejected"] else "")
         + f"\n  {changes_text(counts.get('normalized') or {}, counts.get('turns_not_located', 0))}"
+        + f"\n  {context_text(manifest['config'].get('turn_context', 'exact'), counts)}"
     )
     if push_to:
         from .push import push as push_
@@ -294,6 +303,7 @@ def push(folder, repo_id, private, revision, token, commit_message):
 @click.option("--epochs", default=_default(stats_, "epochs"), show_default=True, type=int, help="Epochs, for the optimizer step count.")
 @click.option("--train-on", default=DEFAULT.train_on, show_default=True, type=click.Choice(TRAIN_ON),
               help="Which tokens get labels, as for pack.")
+@_TURN_CONTEXT
 @_record_options
 @click.option("--overlong", default=DEFAULT.overlong, show_default=True, type=click.Choice(OVERLONG),
               help="What pack would do with a sample longer than --max-len.")

@@ -23,6 +23,7 @@ from .errors import ConfigError, InputError
 from .layout import DEFAULT_LAYOUT, get_layout
 from .materialize import Segments, TokenSpill, TokenStore
 from .normalize import CHANGES, CONSECUTIVE, FORMATS, LEADING, SYSTEM, Rejected
+from .render import TURN_CONTEXTS
 from .packing import ROW_ORDERS, STRATEGY_TABLE, Bins, lower_bound, order_bins
 from .plan import check_overlong, check_strategy, overlong_fates, plan_bins
 from .progress import Progress
@@ -42,6 +43,7 @@ class PackConfig:
     strategy: str = "greedy"
     seed: int = 0
     train_on: str = "assistant"
+    turn_context: str = "exact"  # exact | intact | rendered: a turn the full rendering rewrites (render.py)
     format: str | None = None  # None: detected per record
     messages_field: str | None = None
     text_field: str = "text"
@@ -73,6 +75,7 @@ class PackConfig:
         check_overlong(self.overlong)
         choices = {
             "train_on": TRAIN_ON,
+            "turn_context": TURN_CONTEXTS,
             "row_order": ROW_ORDERS,
             "shard_format": SHARD_FORMATS,
             "on_error": ON_ERROR,
@@ -203,41 +206,49 @@ class PackSink:
         self.spill = TokenSpill(cache_dir, part.number)
 
     def take(self, batch, ledger: Ledger) -> int:
+        kept = [(number, record, conversation, item) for number, record, conversation, item in batch
+                if ledger.accept(record, number, item) is not None]
+        # a record may be several sequences (render.py, turn_context exact): --overlong applies to each
+        sequences = [(at, ids, labels) for at, (*_, item) in enumerate(kept) for ids, labels in item.sequences]
+        fates = self._fates(sequences)
+        tokens = 0
+        for at, (number, record, conversation, item) in enumerate(kept):
+            mine = [(fate, ids, labels) for fate, (owner, ids, labels) in zip(fates, sequences) if owner == at]
+            longest = max(len(ids) for _, ids, _ in mine)
+            if any(fate == plan.DROPPED for fate, *_ in mine):
+                reason = f"{longest} tokens, longer than --max-len {self.max_len} (--overlong drop)"
+                ledger.reject(record, number, reason, "overlong")
+                continue
+            mine = [m for m in mine if m[0] != plan.EMPTIED]
+            if not mine:
+                reason = f"{longest} tokens; no supervised token is left after truncation to --max-len {self.max_len}"
+                ledger.reject(record, number, reason, "overlong")
+                continue
+            ledger.keep(conversation, item)
+            for n, (fate, ids, labels) in enumerate(mine):
+                if fate == plan.TRUNCATED:
+                    ids, labels = ids[: self.max_len], labels[: self.max_len]
+                    ledger.status[number] = TRUNCATED
+                self.spill.append(ids, labels, continues=n > 0)
+                tokens += len(ids)
+        return tokens
+
+    def _fates(self, sequences) -> list[int]:
+        """The ``--overlong`` fate of each sequence (plan.overlong_fates)."""
         max_len = self.max_len
-        lengths = np.array([0 if isinstance(item, Rejected) else len(item.input_ids) for *_, item in batch], np.int64)
+        lengths = np.array([len(ids) for _, ids, _ in sequences], np.int64)
         within = None
         if self.overlong == "truncate" and (lengths > max_len).any():
-            within = [int((item.labels[1:max_len] != IGNORE_INDEX).sum()) if n > max_len else 1
-                      for (*_, item), n in zip(batch, lengths.tolist())]
-        tokens = 0
-        for (number, record, conversation, item), fate in zip(batch, overlong_fates(lengths, max_len, self.overlong,
-                                                                                      within)):
-            item = ledger.accept(record, number, item)
-            if item is None:
-                continue
-            ids, labels = item.input_ids, item.labels
-            if fate == plan.DROPPED:
-                reason = f"{len(ids)} tokens, longer than --max-len {max_len} (--overlong drop)"
-                ledger.reject(record, number, reason, "overlong")
-                continue
-            if fate == plan.EMPTIED:
-                reason = f"{len(ids)} tokens; no supervised token is left after truncation to --max-len {max_len}"
-                ledger.reject(record, number, reason, "overlong")
-                continue
-            if fate == plan.TRUNCATED:
-                ids, labels = ids[:max_len], labels[:max_len]
-                ledger.status[number] = TRUNCATED
-            ledger.keep(conversation, item)
-            self.spill.append(ids, labels)
-            tokens += len(ids)
-        return tokens
+            within = [int((labels[1:max_len] != IGNORE_INDEX).sum()) if n > max_len else 1
+                      for (_, _, labels), n in zip(sequences, lengths.tolist())]
+        return overlong_fates(lengths, max_len, self.overlong, within).tolist()
 
     def finish(self):
         return self.spill.finish()
 
 
 def _rejected(ledger: Ledger) -> np.ndarray:
-    """The numbers of the records that are not sequences (every other record is one, in order)."""
+    """The numbers of the records that are not sequences (every other record is one or more, in order)."""
     return np.flatnonzero(np.frombuffer(ledger.status, dtype=np.uint8) == REJECTED)
 
 
@@ -285,6 +296,7 @@ def _manifest(config, encoding: Encoding, ledger, sequences: int, segments, shar
             **fates,
             "rejected_by_reason": dict(sorted(ledger.reasons.items())),
             "turns_not_located": ledger.turns_not_located,
+            **ledger.context_counts(),
             "normalized": {name: ledger.changes.get(name, 0) for name in CHANGES},
         },
         "tokens": {"total": tokens, "supervised": supervised},

@@ -280,7 +280,8 @@ def _outcome(template: ChatTemplate, messages: list[dict], train_on: str):
         rendered = render_conversation(template, Conversation(messages=messages), train_on)
     except Rejected as exc:
         return exc.code, str(exc)
-    return rendered.text, rendered.spans, rendered.turns_not_located
+    return (rendered.text, rendered.spans, rendered.turns_not_located, rendered.turns_out_of_context,
+            [(r.text, r.spans) for r in rendered.earlier])
 
 
 class OnePassTemplate(ChatTemplate):

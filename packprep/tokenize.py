@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -18,7 +18,7 @@ import numpy as np
 
 from .errors import ConfigError, PackprepError
 from .normalize import Conversation, Rejected
-from .render import Rendered, render_conversation, template_source
+from .render import TURN_CONTEXTS, Rendered, render_conversation, template_source
 from .render_onepass import choose_template
 
 TRAIN_ON = ("assistant", "last", "all")
@@ -29,9 +29,24 @@ IGNORE_INDEX = -100
 
 @dataclass
 class Encoded:
+    """A record's tokens: its last (usually only) sequence, and any earlier ones (render.py, turn_context exact)."""
+
     input_ids: np.ndarray  # int32
     labels: np.ndarray  # int32, IGNORE_INDEX where not trained
     turns_not_located: int = 0
+    earlier: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)  # (input_ids, labels) each
+    turns_out_of_context: int = 0
+    turns_rewritten: int = 0
+
+    @property
+    def sequences(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Every sequence of the record, in conversation order (the last is the longest context)."""
+        return [*self.earlier, (self.input_ids, self.labels)]
+
+    @property
+    def repeated_tokens(self) -> int:
+        """Tokens beyond one sequence a record: the price of training every turn in its context."""
+        return sum(len(ids) for ids, _ in self.earlier)
 
 
 def load_tokenizer(name_or_path: str, *, transformers: bool = False):
@@ -95,9 +110,12 @@ class ChatEncoder:
     use HF from the start.
     """
 
-    def __init__(self, tokenizer, train_on: str = "assistant", backend: str = "auto"):
+    def __init__(self, tokenizer, train_on: str = "assistant", backend: str = "auto", turn_context: str = "exact"):
         if train_on not in TRAIN_ON:
             raise ConfigError(f"--train-on must be one of {TRAIN_ON}, not {train_on!r}")
+        if turn_context not in TURN_CONTEXTS:
+            raise ConfigError(f"--turn-context must be one of {TURN_CONTEXTS}, not {turn_context!r}")
+        self.turn_context = turn_context
         if backend not in BACKENDS:
             raise ConfigError(f"--tokenizer-backend must be one of {BACKENDS}, not {backend!r}")
         self.tokenizer = tokenizer
@@ -165,7 +183,7 @@ class ChatEncoder:
         return bool(self.template.source)
 
     def render(self, conversation: Conversation) -> Rendered:
-        return render_conversation(self.template, conversation, self.train_on)
+        return render_conversation(self.template, conversation, self.train_on, self.turn_context)
 
     def encode(self, conversations: Sequence[Conversation]) -> list[Encoded | Rejected]:
         """Encode a batch; a conversation that cannot be encoded becomes a ``Rejected`` in place."""
@@ -178,7 +196,19 @@ class ChatEncoder:
                 where.append(position)
             except Rejected as exc:
                 results[position] = exc
-        for position, item in zip(where, self._tokenize(rendered)):
+        flat = [piece for r in rendered for piece in (*r.earlier, r)]
+        labelled = iter(self._tokenize(flat))
+        for position, r in zip(where, rendered):
+            pieces = [next(labelled) for _ in range(len(r.earlier) + 1)]
+            # a sequence that trains nothing once packed (its first label is -100) is left out, its turns counted
+            kept = [e for e in pieces if isinstance(e, Encoded)]
+            if not kept:
+                results[position] = pieces[-1]
+                continue
+            item = kept[-1]
+            item.earlier = [(e.input_ids, e.labels) for e in kept[:-1]]
+            item.turns_not_located = r.turns_not_located + len(pieces) - len(kept)
+            item.turns_out_of_context, item.turns_rewritten = r.turns_out_of_context, r.turns_rewritten
             results[position] = item
         return results
 
@@ -203,7 +233,7 @@ class ChatEncoder:
             elif not trained:
                 out.append(Rejected("no supervised token (every label is -100)", "no_supervised_tokens"))
             else:
-                out.append(Encoded(ids, labels, r.turns_not_located))
+                out.append(Encoded(ids, labels))
         return out
 
     def _ids_and_cuts(self, rendered: list[Rendered]) -> list[tuple[np.ndarray, list[int]]]:

@@ -41,7 +41,7 @@ from ..encode import Encoding, Ledger
 from ..engines import make_engine
 from ..errors import ConfigError
 from ..normalize import CHANGES
-from .collect import collect_folder, collect_inputs, distribution, log_histogram
+from .collect import collect_folder, collect_inputs, distribution, log_histogram, turn_context_costs
 from .plot import plot, require_matplotlib
 from .report import render_text
 from .whatif import DEFAULT_MAX_LENS, DEFAULT_STRATEGIES, check_plan, what_if
@@ -111,6 +111,7 @@ def stats(
         global_batch_size=global_batch_size, epochs=epochs,
     )
     rejected = sum(tally.reasons.values())
+    policies = turn_context_costs(encoding, tally, collected, engine, progress)
     return {
         "kind": "inputs",
         "inputs": [{"path": s.path, "format": tally.formats_seen(number, f), "records": s.records}
@@ -118,10 +119,12 @@ def stats(
         "tokenizer": tokenizer,
         "train_on": config.train_on,
         "records": len(tally.status),
-        "conversations": int(len(lengths)),
+        "conversations": int(len(turns)),
+        "sequences": int(len(lengths)),
         "rejected": rejected,
         "rejected_by_reason": dict(sorted(tally.reasons.items())),
         "turns_not_located": tally.turns_not_located,
+        "turn_context": {"policy": config.turn_context, **tally.context_counts(), "policies": policies},
         "normalized": {name: tally.changes.get(name, 0) for name in CHANGES},
         "tokens": {"total": int(lengths.sum()), "supervised": int(supervised.sum())},
         "distribution": {
