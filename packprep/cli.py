@@ -18,6 +18,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 from . import __version__
 from .errors import EXIT_CODES_HELP, EXIT_INTERNAL, PackprepError
 from .layout import layout_names
+from .assistant_turns import REASONING
 from .normalize import CONSECUTIVE, FORMATS, LEADING, SYSTEM, changes_text
 from .render import TURN_CONTEXTS, context_text
 from .packing import ROW_ORDERS, STRATEGIES, STRATEGY_TABLE
@@ -27,6 +28,7 @@ from .pipeline import ON_ERROR, PackConfig, pack as pack_
 from .stats import DEFAULT_MAX_LENS, DEFAULT_STRATEGIES, stats as stats_
 from .verify import verify as verify_
 from .plan import OVERLONG
+from .template_inputs import parse_template_args
 from .tokenize import BACKENDS, TRAIN_ON
 from .write import SHARD_FORMATS
 
@@ -76,8 +78,29 @@ _TURN_CONTEXT = click.option(
 _NUM_PROC = click.option("--num-proc", default=None, type=int, help="Tokenizer processes [default: all cores].")
 
 
+def _template_args(ctx, param, values) -> dict:
+    try:
+        return parse_template_args(values)
+    except PackprepError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 def _record_options(command):
-    """--format, --messages-field, --text-field and the normalizing policies: how records are read."""
+    """--format, --messages-field, --text-field, the normalizing policies and the template inputs:
+    how records are read and rendered."""
+    command = click.option("--chat-template", default=None, metavar="NAME",
+                           help="Which of the tokenizer's named chat templates (e.g. tool_use) [default: default].")(command)
+    command = click.option("--date", default=DEFAULT.date, show_default=True, metavar="YYYY-MM-DD",
+                           help="The date templates that read the clock render (Llama-3.2's 'Today Date'), "
+                           "so the same inputs give the same bytes on any day.")(command)
+    command = click.option("--template-arg", "template_args", multiple=True, callback=_template_args,
+                           metavar="KEY=VALUE",
+                           help="A variable for every rendering, VALUE read as JSON else text; repeatable "
+                           "(e.g. enable_thinking=false). A record's own chat_template_kwargs go on top.")(command)
+    command = click.option("--reasoning", default=DEFAULT.reasoning, show_default=True, type=click.Choice(REASONING),
+                           help="Reasoning (reasoning_content, <think>...</think>) for a template that renders "
+                           "none: write it inline as <think>...</think> before the answer, drop it, or reject "
+                           "the record. Counted either way.")(command)
     command = click.option("--system", default=DEFAULT.system, show_default=True, type=click.Choice(SYSTEM),
                            help="System message: auto folds it into the first user turn only where the chat "
                            "template renders none (Mistral v0.1); keep; fold.")(command)
@@ -159,6 +182,8 @@ def pack(inputs, tokenizer, output, format_, num_proc, engine, ray_address, push
       packprep pack data/ -t ./tok --strategy random --seed 1 --overlong split -o packed/ --overwrite
       packprep pack chats.jsonl -t ./llama3 --layout trl -o packed-trl/
       packprep pack 'dump/*.json' -t ./llama3 --leading-assistant reject --consecutive keep -o packed/
+      packprep pack chats.jsonl -t ./qwen3 --template-arg enable_thinking=false -o packed/
+      packprep pack chats.jsonl -t ./llama-3.2 --date 2025-01-31 --reasoning drop -o packed/
     """
     if push_to:  # a bad token or no network fails before the packing work, not after
         from .push import check_credentials

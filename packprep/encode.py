@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol
 from .errors import ConfigError, InputError
 from .normalize import Conversation, FieldNames, Policy, Rejected, detect_format, fit_to_template, normalize
 from .read import Part, Record, Source, first_records, plan_parts, read_part
+from .template_inputs import prepare_template
 from .tokenize import GUARD_CHARS, ChatEncoder, Encoded, load_tokenizer
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -76,7 +77,8 @@ class Encoding:
         """Load the tokenizer, tell each input's format, and check the chat template against ``max_len``
         (default ``config.max_len``) before any record is encoded."""
         tok = load_tokenizer(tokenizer)
-        encoder = ChatEncoder(tok, config.train_on, config.tokenizer_backend, config.turn_context)
+        encoder = ChatEncoder(tok, config.train_on, config.tokenizer_backend, _template_variables(tok, config),
+                              config.turn_context)
         fields = FieldNames(config.messages_field, config.text_field)
         formats = [_source_format(source, config.format, fields) for source in sources]
         _check_template(encoder, formats, config.max_len if max_len is None else max_len)
@@ -159,8 +161,9 @@ class EncodeContext:
                     with open(os.path.join(self._folder.name, file_name), "wb") as handle:
                         handle.write(data)
                 name = self._folder.name
-            self.encoder = ChatEncoder(load_tokenizer(name), self.config.train_on, self.config.tokenizer_backend,
-                                       self.config.turn_context)
+            tokenizer = load_tokenizer(name)
+            self.encoder = ChatEncoder(tokenizer, self.config.train_on, self.config.tokenizer_backend,
+                                       _template_variables(tokenizer, self.config), self.config.turn_context)
         return self.encoder
 
 
@@ -514,7 +517,13 @@ def _record_policy(encoder: ChatEncoder, config: "PackConfig") -> Policy:
     """How records are fitted to training and to this tokenizer's chat template (normalize.py)."""
     if not encoder.has_template:
         return Policy(config.leading_assistant, config.consecutive)
-    return fit_to_template(encoder.template.render, config.leading_assistant, config.consecutive, config.system)
+    return fit_to_template(encoder.template.render, config.leading_assistant, config.consecutive, config.system,
+                           config.reasoning)
+
+
+def _template_variables(tokenizer, config: "PackConfig") -> dict:
+    """The run's named template picked on ``tokenizer``, and what its renderings get (template_inputs.py)."""
+    return prepare_template(tokenizer, config.chat_template, config.date, config.template_args)
 
 
 def _in_batches(iterable: Iterable, size: int) -> Iterator[list]:

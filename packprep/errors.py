@@ -52,3 +52,15 @@ class PushError(PackprepError):
     """The folder could not be pushed to the Hugging Face Hub (token, access, network, branch)."""
 
     exit_code = EXIT_PUSH
+
+
+class Rejected(Exception):
+    """A record that cannot be trained on (not a run error: the record is set aside and counted).
+
+    ``str(exc)`` is the reason written to rejects.jsonl; ``code`` is the short category that the
+    manifest counts (``rejected_by_reason``).
+    """
+
+    def __init__(self, reason: str, code: str = "invalid_record"):
+        super().__init__(reason)
+        self.code = code

@@ -10,7 +10,7 @@ import json
 import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from functools import partial
 
 import numpy as np
@@ -22,12 +22,14 @@ from .engines import Engine, make_engine
 from .errors import ConfigError, InputError
 from .layout import DEFAULT_LAYOUT, get_layout
 from .materialize import Segments, TokenSpill, TokenStore
+from .assistant_turns import REASONING
 from .normalize import CHANGES, CONSECUTIVE, FORMATS, LEADING, SYSTEM, Rejected
 from .render import TURN_CONTEXTS
 from .packing import ROW_ORDERS, STRATEGY_TABLE, Bins, lower_bound, order_bins
 from .plan import check_overlong, check_strategy, overlong_fates, plan_bins
 from .progress import Progress
 from .read import Part, Source, file_sha256, resolve_inputs
+from .template_inputs import DEFAULT_DATE, check_date, check_template_args
 from .tokenize import BACKENDS, IGNORE_INDEX, TRAIN_ON, tokenizer_fingerprint
 from .verify import ShardContext, verify
 from .write import SHARD_FORMATS, OutputFolder, parse_size, write_shards
@@ -58,6 +60,10 @@ class PackConfig:
     leading_assistant: str = "drop"  # turns before the first user turn: drop | reject (normalize.py)
     consecutive: str = "merge"  # two user or two assistant turns in a row: merge | keep | reject
     system: str = "auto"  # auto: fold into the first user turn where the template renders no system message
+    reasoning: str = "inline"  # reasoning for a template that reads none: inline | drop | reject (normalize.py)
+    date: str = DEFAULT_DATE  # the date templates that read the clock get (template_inputs.py)
+    template_args: dict = field(default_factory=dict)  # variables passed to every rendering (--template-arg)
+    chat_template: str | None = None  # which of the tokenizer's named templates; None: "default"
 
     @classmethod
     def from_settings(cls, settings: dict, command: str = "pack") -> "PackConfig":
@@ -83,6 +89,7 @@ class PackConfig:
             "leading_assistant": LEADING,
             "consecutive": CONSECUTIVE,
             "system": SYSTEM,
+            "reasoning": REASONING,
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -94,6 +101,10 @@ class PackConfig:
         parse_size(self.shard_size)
         if self.partition_size is not None and self.partition_size < 1:
             raise ConfigError("--partition-size must be at least 1")
+        check_date(self.date)
+        check_template_args(self.template_args)
+        if self.chat_template is not None and not (isinstance(self.chat_template, str) and self.chat_template):
+            raise ConfigError("--chat-template must name one of the tokenizer's chat templates")
 
 
 def pack(

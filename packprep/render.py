@@ -40,6 +40,7 @@ prefixes out of one rendering per conversation, used only where it agrees with t
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 from dataclasses import dataclass, field
@@ -91,9 +92,14 @@ class ChatTemplate:
 
     name = "reference"  # what the manifest records as the rendering that ran
 
-    def __init__(self, tokenizer, *, transformers: bool = False):
+    def __init__(self, tokenizer, *, transformers: bool = False, variables: dict | None = None):
         """``transformers=True``: render with transformers' own ``render_jinja_template`` (what
-        ``apply_chat_template`` calls) instead of packprep's compiled copy: an independent check."""
+        ``apply_chat_template`` calls) instead of packprep's compiled copy: an independent check.
+        ``variables``: what every rendering gets besides the messages (template_inputs.py; default:
+        the fixed default date, no template arguments)."""
+        from .template_inputs import template_variables
+
+        self.variables = template_variables() if variables is None else dict(variables)
         template = template_source(tokenizer)
         self.source = template
         self._special = dict(tokenizer.special_tokens_map)
@@ -123,16 +129,26 @@ class ChatTemplate:
                 from transformers.utils.chat_template_utils import render_jinja_template
 
                 texts, _ = render_jinja_template(conversations=[messages], tools=tools, chat_template=self.source,
-                                                 add_generation_prompt=add_generation_prompt, **self._special)
+                                                 add_generation_prompt=add_generation_prompt, **self._special,
+                                                 **self.variables)
                 return texts[0]
             return self._compiled.render(
                 messages=messages, tools=tools, documents=None, add_generation_prompt=add_generation_prompt,
-                **self._special,
+                **self._special, **self.variables,
             )
         except Exception as exc:  # jinja raise_exception, TemplateError, TypeError from bad data
             rejected = Rejected(template_refusal(messages, exc), "template_error")
             rejected.template_error = exc  # for a reason in the whole conversation's terms (render_conversation)
             raise rejected from None
+
+    def with_variables(self, extra: dict | None) -> "ChatTemplate":
+        """This template with a record's own ``chat_template_kwargs`` on top of the run's variables."""
+        if not extra:
+            return self
+        clone = copy.copy(self)
+        clone.variables = {**self.variables, **extra}
+        clone._shape = None  # probed again: enable_thinking=false, say, changes the generation prompt
+        return clone
 
     def render_with_prefixes(self, messages: list[dict], tools: list | None) -> tuple[str, Callable[[int, bool], str]]:
         """``render(messages)``, and a function ``prefix(n, g)`` equal to

@@ -22,6 +22,7 @@ from .layout import ShardReader
 from .normalize import FieldNames, Policy, Rejected, detect_format, fit_to_template, normalize
 from .read import file_sha256, resolve_inputs, stream_records
 from .render import ChatTemplate, Rendered, render_conversation
+from .template_inputs import DEFAULT_DATE, prepare_template
 from .tokenize import IGNORE_INDEX, load_tokenizer
 
 
@@ -45,11 +46,13 @@ def retokenize_check(folder: Path, manifest: dict, n: int, seed: int = 0) -> tup
     records = _records(manifest, sorted({s.source_index for s in sample}))
     config = manifest["config"]
     tokenizer = load_tokenizer(manifest["tokenizer"]["name_or_path"], transformers=True)
-    template = ChatTemplate(tokenizer, transformers=True)
+    variables = prepare_template(tokenizer, config.get("chat_template"), config.get("date", DEFAULT_DATE),
+                                 config.get("template_args"))
+    template = ChatTemplate(tokenizer, transformers=True, variables=variables)
     fields = FieldNames(config.get("messages_field"), config.get("text_field", "text"))
     policies = (config.get("leading_assistant", "drop"), config.get("consecutive", "merge"))
-    policy = fit_to_template(template.render, *policies, config.get("system", "auto")) if template.source \
-        else Policy(*policies)  # fitted to the template as pack fits it, here through transformers' renderer
+    policy = fit_to_template(template.render, *policies, config.get("system", "auto"), config.get("reasoning", "inline")) \
+        if template.source else Policy(*policies)  # fitted as pack fits it, here through transformers' renderer
     remade: dict[int, list[tuple[np.ndarray, np.ndarray]] | str] = {}
     settings = (config["train_on"], config.get("turn_context", "intact"))  # before turn_context: intact
     failures = []
@@ -134,7 +137,9 @@ def _remake(found, fields, policy, forced, template, tokenizer, train_on,
         return fmt  # why it could not be read
     fmt = forced or detect_format(data, fields) or fmt.split("+")[0]  # told per record, as pack tells it
     try:
-        rendered = render_conversation(template, normalize(data, fmt, fields, policy), train_on, turn_context)
+        conversation = normalize(data, fmt, fields, policy)
+        rendered = render_conversation(template.with_variables(conversation.template_kwargs), conversation, train_on,
+                                       turn_context)
     except Rejected as exc:
         return f"the record is rejected when rendered again ({exc})"
     return [_labelled(r, tokenizer) for r in (*rendered.earlier, rendered)]

@@ -110,7 +110,8 @@ class ChatEncoder:
     use HF from the start.
     """
 
-    def __init__(self, tokenizer, train_on: str = "assistant", backend: str = "auto", turn_context: str = "exact"):
+    def __init__(self, tokenizer, train_on: str = "assistant", backend: str = "auto", variables: dict | None = None,
+                 turn_context: str = "exact"):
         if train_on not in TRAIN_ON:
             raise ConfigError(f"--train-on must be one of {TRAIN_ON}, not {train_on!r}")
         if turn_context not in TURN_CONTEXTS:
@@ -122,7 +123,8 @@ class ChatEncoder:
         self.train_on = train_on
         if backend != "hf" and hasattr(tokenizer, "hash_in_background"):
             tokenizer.hash_in_background()  # the cache key, hashed while the template compiles
-        self.template = choose_template(tokenizer)  # the one-pass accelerator where it agrees with the reference
+        # the one-pass accelerator where it agrees with the reference; variables: template_inputs.py
+        self.template = choose_template(tokenizer, variables)
         self.requested_backend = backend
         self._fast = None
         self._guard_chars = GUARD_CHARS
@@ -183,7 +185,8 @@ class ChatEncoder:
         return bool(self.template.source)
 
     def render(self, conversation: Conversation) -> Rendered:
-        return render_conversation(self.template, conversation, self.train_on, self.turn_context)
+        return render_conversation(self.template.with_variables(conversation.template_kwargs), conversation,
+                                   self.train_on, self.turn_context)
 
     def encode(self, conversations: Sequence[Conversation]) -> list[Encoded | Rejected]:
         """Encode a batch; a conversation that cannot be encoded becomes a ``Rejected`` in place."""

@@ -8,6 +8,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from packprep.render import ChatTemplate
+from packprep.template_inputs import template_variables
 from packprep.tokenize import load_tokenizer
 from packprep.tokenizer_folder import FolderTokenizer
 
@@ -40,7 +41,7 @@ EXPECTED = {
                   "The capital of France is Paris.<|eot_id|>"),
     "llama-3.2": (128256, 128000, 128009, {"<|eot_id|>": 128009},
                   "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
-                  "Today Date: {date}\n\n<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n"
+                  "Today Date: 26 Jul 2024\n\n<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n"
                   "What is the capital of France?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
                   "The capital of France is Paris.<|eot_id|>"),
 }
@@ -62,10 +63,8 @@ def test_the_folder_loads_in_transformers_and_in_packprep_alike(name, template_f
     assert {token: theirs.convert_tokens_to_ids(token) for token in ids} == ids
     assert {token: ours.backend_tokenizer.token_to_id(token) for token in ids} == ids
 
-    text = theirs.apply_chat_template(CHAT, tokenize=False)
-    if "{date}" in rendering:  # Llama-3.2 reads today's date (strftime_now): the shape is fixed, the day is not
-        day = text.split("Today Date: ")[1].split("\n")[0]
-        rendering = rendering.replace("{date}", day)
+    # Llama-3.2 reads the clock (strftime_now): packprep gives it a fixed date, and so does this call
+    text = theirs.apply_chat_template(CHAT, tokenize=False, **template_variables())
     assert text == rendering
     assert ChatTemplate(ours).render(CHAT, None, False) == text
     expected_ids = theirs(text, add_special_tokens=False)["input_ids"]
