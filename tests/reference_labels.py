@@ -12,6 +12,8 @@ the tokens of ``S[:end]`` beyond those of ``S[:start]``.
 
 from __future__ import annotations
 
+from datetime import date
+
 from transformers.utils.chat_template_utils import render_jinja_template
 
 # template file -> (constant tail, the reasoning block the generation prompt opens, its closing tag)
@@ -22,12 +24,17 @@ SHAPES = {
 }
 
 
+DAY = date(2024, 7, 26)  # packprep's default fixed date (docs/chat-templates.md, Dates)
+
+
 def renderer(tok, template: str | None = None):
-    """``render(messages, generation, tools)`` through transformers' renderer (what apply_chat_template calls)."""
+    """``render(messages, generation, tools)`` through transformers' renderer (what apply_chat_template
+    calls), on packprep's default fixed date."""
     def render(messages, generation=False, tools=None):
         texts, _ = render_jinja_template(conversations=[messages], tools=tools,
                                          chat_template=template or tok.chat_template,
-                                         add_generation_prompt=generation, **tok.special_tokens_map)
+                                         add_generation_prompt=generation, **tok.special_tokens_map,
+                                         strftime_now=DAY.strftime, date_string=DAY.strftime("%d %b %Y"))
         return texts[0]
     return render
 
