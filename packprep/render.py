@@ -272,21 +272,22 @@ def render_conversation(template: ChatTemplate, conversation: Conversation, trai
     full, prefix = template.render_with_prefixes(messages, conversation.tools)
     if train_on == "last":
         assistant_turns = assistant_turns[-1:]
-    turns: dict[int, Turn] = {}
+    pairs: dict[int, tuple[str, str]] = {}  # k -> (context, rendering of messages[:k+1])
     not_located, refused = 0, None  # refused: why the template refused a prefix the definition needs
     for k in assistant_turns:
         try:
-            before = prefix(k, True)
-            after = full if k == len(messages) - 1 else prefix(k + 1, False)
+            pairs[k] = prefix(k, True), full if k == len(messages) - 1 else prefix(k + 1, False)
         except Rejected as exc:  # the definition cannot be evaluated for this turn: not located
             not_located, refused = not_located + 1, refused or (k, getattr(exc, "template_error", exc))
-            continue
-        turn = inference_turn(before, after, messages[k], template.shape)
-        if turn is None:
-            not_located += 1
-        else:
-            turns[k] = turn
-    sequences, untrained, out_of_context, rewritten = _sequences(full, turns, turn_context)
+    if all(after.startswith(before) and full.startswith(after) for before, after in pairs.values()):
+        # every turn held as at inference (most templates): the full rendering is the one sequence
+        spans = [(len(before), len(after)) for before, after in pairs.values() if len(after) > len(before)]
+        sequences, untrained, out_of_context, rewritten = [(full, spans)], 0, 0, 0
+    else:
+        turns = {k: turn for k, (before, after) in pairs.items()
+                 if (turn := inference_turn(before, after, messages[k], template.shape)) is not None}
+        not_located += len(pairs) - len(turns)
+        sequences, untrained, out_of_context, rewritten = _sequences(full, turns, turn_context)
     if not any(spans for _, spans in sequences):
         if refused:
             k, error = refused
