@@ -216,3 +216,8 @@ def test_a_template_that_calls_strftime_now_gets_the_fixed_date(template_folder)
     dated = ChatTemplate(tok, variables=template_variables("2030-02-03", {"date_string": "then"}))
     assert dated.render(chat, None) == "2030-02-03 00:00|then|hi"
     assert dated.with_variables({"date_string": "now"}).render(chat, None) == "2030-02-03 00:00|now|hi"
+    theirs = load_tokenizer(template_folder("llama-3.2"), transformers=True)  # verify --retokenize's renderer
+    theirs.chat_template = tok.chat_template
+    assert ChatTemplate(theirs, transformers=True).render(chat, None) == "2024-07-26 00:00|26 Jul 2024|hi"
+    assert ChatTemplate(theirs, transformers=True, variables=template_variables("2030-02-03")).render(chat, None) == (
+        "2030-02-03 00:00|03 Feb 2030|hi")
