@@ -396,14 +396,16 @@ def fit_to_template(render: Callable[[list, list | None, bool], str], leading_as
         system = "keep" if shows([{"role": "system", "content": _PROBE}, user, reply]) else "fold"
     calls, content, arguments, call = "text", "empty", "object", reply
     for content_value, arguments_value in (("", {}), (None, {}), ("", "{}"), (None, "{}")):
-        probe = {"role": "assistant", "content": content_value,
-                 "tool_calls": [{"type": "function", "function": {"name": _PROBE, "arguments": arguments_value}}]}
+        probe = {"role": "assistant", "content": content_value,  # an id as Mistral's templates require: 9 characters
+                 "tool_calls": [{"id": "probe0001", "type": "function",
+                                 "function": {"name": _PROBE, "arguments": arguments_value}}]}
         if shows([user, probe]):
             calls, call = "native", probe
             content = "empty" if content_value == "" else "none"
             arguments = "object" if arguments_value == {} else "string"
             break
-    results = "tool" if shows([user, call, {"role": "tool", "content": _PROBE}, reply]) else "user"
+    results = "tool" if shows([user, call, {"role": "tool", "tool_call_id": "probe0001", "content": _PROBE}, reply]) \
+        else "user"
     field_name = next((name for name in REASONING_FIELDS if shows([user, {**reply, name: _PROBE}])), None)
     return Policy(leading_assistant, consecutive, system, calls, results, reasoning, content, arguments, field_name)
 

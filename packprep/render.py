@@ -126,11 +126,16 @@ class ChatTemplate:
     def render(self, messages: list[dict], tools: list | None, add_generation_prompt: bool = False) -> str:
         try:
             if self._transformers:
-                from transformers.utils.chat_template_utils import render_jinja_template
+                from transformers.utils.chat_template_utils import _compile_jinja_template, render_jinja_template
 
+                # transformers passes variables to the template as plain data (a function would arrive as a
+                # placeholder string), so the clock of the template it compiles and caches is set instead
+                variables = {k: v for k, v in self.variables.items() if k != "strftime_now"}
+                if "strftime_now" in self.variables:
+                    _compile_jinja_template(self.source).globals["strftime_now"] = self.variables["strftime_now"]
                 texts, _ = render_jinja_template(conversations=[messages], tools=tools, chat_template=self.source,
                                                  add_generation_prompt=add_generation_prompt, **self._special,
-                                                 **self.variables)
+                                                 **variables)
                 return texts[0]
             return self._compiled.render(
                 messages=messages, tools=tools, documents=None, add_generation_prompt=add_generation_prompt,

@@ -10,7 +10,7 @@ so that transformers and packprep's own loader (packprep/tokenizer_folder.py) re
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from .conftest import TOKENIZERS
@@ -49,6 +49,10 @@ PHI35_ADDED = [
         ["<|assistant|>", "<|placeholder1|>", "<|placeholder2|>", "<|placeholder3|>", "<|placeholder4|>",
          "<|system|>", "<|end|>", "<|placeholder5|>", "<|placeholder6|>", "<|user|>"], start=1)],
 ]
+# Mistral's v3 SentencePiece tokenizer (Mistral-7B-Instruct-v0.3) is v0.1's with 768 control tokens at ids 3-770
+MISTRAL_V3_CONTROLS = (["[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]",
+                        "[/TOOL_RESULTS]", "[IMG]", "[PREFIX]", "[MIDDLE]", "[SUFFIX]"]
+                       + [f"[control_{i - 2}]" for i in range(14, 751)] + [f"[REFERENCE_DOC_{770 - i}]" for i in range(751, 771)])
 QWEN_SPECIALS = ["<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>",
                  "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>",
                  "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>"]
@@ -63,7 +67,7 @@ class Family:
     config: dict  # tokenizer_config.json entries (special tokens, flags) as upstream
     added: list | None = None  # the model's added tokens; None keeps the base's
     bos_post_processor: bool = False  # upstream tokenizer.json adds the BOS with a TemplateProcessing
-    extra: dict = field(default_factory=dict)
+    shift: int = 0  # ids of the base vocabulary's pieces past the first three move up by this many (Mistral v3)
 
 
 QWEN_CONFIG = {"add_bos_token": False, "add_prefix_space": False, "bos_token": None, "eos_token": "<|im_end|>",
@@ -90,6 +94,13 @@ FAMILIES = {
          "pad_token": "<|endoftext|>", "unk_token": "<unk>", "clean_up_tokenization_spaces": False,
          "model_max_length": 131072, "tokenizer_class": "PreTrainedTokenizerFast"},
         PHI35_ADDED),
+    "mistral-v3": Family(
+        "mistral-7b-v0.1", "mistral-v3.jinja",
+        {"add_bos_token": True, "add_eos_token": False, "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+         "clean_up_tokenization_spaces": False, "model_max_length": 32768, "tokenizer_class": "PreTrainedTokenizerFast"},
+        [_token(0, "<unk>"), _token(1, "<s>"), _token(2, "</s>")]
+        + [_token(3 + n, name) for n, name in enumerate(MISTRAL_V3_CONTROLS)],
+        shift=len(MISTRAL_V3_CONTROLS)),
     "llama-3.1": Family("llama3", "llama-3.1.jinja", LLAMA3_CONFIG),
     "llama-3.2": Family("llama3", "llama-3.2.jinja", LLAMA3_CONFIG),
 }
@@ -111,6 +122,11 @@ def build_folder(name: str, dest: str | Path) -> Path:
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     tokenizer = json.loads((base / "tokenizer.json").read_text(encoding="utf-8"))
+    if family.shift:  # room for the control tokens, which join the model's vocabulary at ids 3..
+        vocab = tokenizer["model"]["vocab"]
+        vocab = {piece: id + family.shift if id >= 3 else id for piece, id in vocab.items()}
+        vocab.update({t["content"]: t["id"] for t in family.added if t["id"] >= 3})
+        tokenizer["model"]["vocab"] = dict(sorted(vocab.items(), key=lambda item: item[1]))
     if family.added is not None:
         tokenizer["added_tokens"] = family.added
     added = tokenizer["added_tokens"]

@@ -88,8 +88,8 @@ def test_merged_turns_keep_both_reasonings():
     assert merged == {"role": "assistant", "content": "a\n\nb", "reasoning_content": "r1\n\nr2"}
 
 
-CALLS = [{"id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{\"city\": \"Paris\"}"}},
-         {"id": "c2", "type": "function", "function": {"name": "time", "arguments": {"city": "Paris"}}}]
+CALLS = [{"id": "CallOne01", "type": "function", "function": {"name": "weather", "arguments": "{\"city\": \"Paris\"}"}},
+         {"id": "CallTwo02", "type": "function", "function": {"name": "time", "arguments": {"city": "Paris"}}}]
 
 
 @pytest.mark.parametrize("content, arguments, text, expected_content, shaped", [
@@ -100,13 +100,13 @@ CALLS = [{"id": "c1", "type": "function", "function": {"name": "weather", "argum
 ])
 def test_tool_calls_take_the_shape_the_template_reads(content, arguments, text, expected_content, shaped):
     record = chat(USER, {"role": "assistant", "content": text, "tool_calls": CALLS},
-                  {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
-                  {"role": "tool", "tool_call_id": "c2", "content": "noon"}, {"role": "assistant", "content": "ok"})
+                  {"role": "tool", "tool_call_id": "CallOne01", "content": "sunny"},
+                  {"role": "tool", "tool_call_id": "CallTwo02", "content": "noon"}, {"role": "assistant", "content": "ok"})
     conversation = normalize(record, "openai", policy=Policy(call_content=content, call_arguments=arguments))
     calls = conversation.messages[1]
     assert calls["content"] == expected_content
     assert [c["function"]["arguments"] for c in calls["tool_calls"]] == shaped
-    assert [c["id"] for c in calls["tool_calls"]] == ["c1", "c2"]
+    assert [c["id"] for c in calls["tool_calls"]] == ["CallOne01", "CallTwo02"]
     assert conversation.changes == ({"tool_call_text_dropped": 1} if content == "none" and text else {})
 
 
@@ -127,6 +127,7 @@ DECIDED = {
     "qwq": ("keep", "native", "tool", "empty", "object", None),
     "deepseek-r1-distill-qwen": ("keep", "native", "tool", "none", "string", None),
     "phi-3.5-mini": ("keep", "text", "user", "empty", "object", None),
+    "mistral-v3": ("keep", "native", "tool", "empty", "object", None),
     "llama-3.1": ("keep", "native", "tool", "empty", "object", None),
     "llama-3.2": ("keep", "native", "tool", "empty", "object", None),
 }
@@ -134,11 +135,11 @@ DECIDED = {
 RECORDS = [
     record_with_reasoning(),
     chat(USER, {"role": "assistant", "content": None, "tool_calls": CALLS[:1]},
-         {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+         {"role": "tool", "tool_call_id": "CallOne01", "content": "sunny"},
          {"role": "assistant", "content": [{"type": "text", "text": "It is "}, {"type": "text", "text": "sunny."}]},
          tools=[{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]),
     chat(USER, {"role": "assistant", "content": "", "tool_calls": CALLS},
-         {"role": "tool", "tool_call_id": "c1", "content": "sunny"}, {"role": "tool", "tool_call_id": "c2", "content": "noon"},
+         {"role": "tool", "tool_call_id": "CallOne01", "content": "sunny"}, {"role": "tool", "tool_call_id": "CallTwo02", "content": "noon"},
          {"role": "assistant", "content": "Sunny at noon.", "reasoning_content": "Both tools answered."}),
 ]
 

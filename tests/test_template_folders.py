@@ -34,6 +34,9 @@ EXPECTED = {
     "phi-3.5-mini": (32011, 1, 32000, {"<|assistant|>": 32001, "<|system|>": 32006, "<|end|>": 32007, "<|user|>": 32010},
                      "<|user|>\nWhat is the capital of France?<|end|>\n<|assistant|>\n"
                      "The capital of France is Paris.<|end|>\n<|endoftext|>"),
+    "mistral-v3": (32768, 1, 2, {"[INST]": 3, "[/INST]": 4, "[TOOL_CALLS]": 5, "[AVAILABLE_TOOLS]": 6,
+                                 "[TOOL_RESULTS]": 8, "[control_12]": 14, "[REFERENCE_DOC_0]": 770},
+                   "<s>[INST] What is the capital of France?[/INST] The capital of France is Paris.</s>"),
     "llama-3.1": (128256, 128000, 128009, {"<|eot_id|>": 128009, "<|python_tag|>": 128010, "<|eom_id|>": 128008},
                   "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
                   "Today Date: 26 Jul 2024\n\n<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n"

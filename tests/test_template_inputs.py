@@ -100,6 +100,8 @@ def test_date_and_template_args_reach_every_rendering_and_the_manifest(template_
     text = "\n".join(decoded_rows(tmp_path / "out", folder))
     assert text.count("Today Date: 31 Jan 2025") == 1  # the first record
     assert text.count("Today Date: 01 Jan 2000") == 1  # the second, by its own chat_template_kwargs
+    report = packprep.verify(tmp_path / "out", retokenize=10)  # transformers' renderer, given the same inputs
+    assert report.ok and report.retokenized == 2, report.failures
     card = (tmp_path / "out" / "README.md").read_text()
     assert '| template inputs | date `2025-01-31`, template args `{"custom_tools": null}`' in card
     assert "1 records rendered with their own chat_template_kwargs" in card
@@ -184,6 +186,8 @@ def test_named_templates_default_or_chosen(named_folder, tmp_path):
         assert manifest["config"]["chat_template"] == name
         assert manifest["tokenizer"]["chat_template_sha256"] == hashlib.sha256(chosen.encode()).hexdigest()
         assert ("Tool-use knowledge date" in decoded_rows(out, str(named_folder))[0]) == (name == "tool_use")
+        report = packprep.verify(out, retokenize=1)
+        assert report.ok and report.retokenized == 1, report.failures
     result = CliRunner().invoke(main, ["pack", str(chats), "-t", str(named_folder), "-o", str(tmp_path / "x"),
                                        "--chat-template", "rag"])
     assert result.exit_code == EXIT_CONFIG
@@ -212,3 +216,8 @@ def test_a_template_that_calls_strftime_now_gets_the_fixed_date(template_folder)
     dated = ChatTemplate(tok, variables=template_variables("2030-02-03", {"date_string": "then"}))
     assert dated.render(chat, None) == "2030-02-03 00:00|then|hi"
     assert dated.with_variables({"date_string": "now"}).render(chat, None) == "2030-02-03 00:00|now|hi"
+    theirs = load_tokenizer(template_folder("llama-3.2"), transformers=True)  # verify --retokenize's renderer
+    theirs.chat_template = tok.chat_template
+    assert ChatTemplate(theirs, transformers=True).render(chat, None) == "2024-07-26 00:00|26 Jul 2024|hi"
+    assert ChatTemplate(theirs, transformers=True, variables=template_variables("2030-02-03")).render(chat, None) == (
+        "2030-02-03 00:00|03 Feb 2030|hi")
