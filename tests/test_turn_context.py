@@ -22,7 +22,7 @@ from packprep.tokenize import ChatEncoder, Encoded, load_tokenizer
 from .conftest import EXAMPLE_TOKENIZER, fixture_tokenizer, needs_fixtures
 from .reference_labels import SHAPES, exact_sequences, renderer, token_labels, turn_targets
 
-FAMILIES = ["qwen3", "qwq", "deepseek-r1-distill-qwen", "phi-3.5-mini", "llama-3.1", "llama-3.2"]
+FAMILIES = ["qwen3", "qwq", "deepseek-r1-distill-qwen", "phi-3.5-mini", "mistral-v3", "llama-3.1", "llama-3.2"]
 FIXTURE_TOKENIZERS = ["llama3", "qwen2.5"]
 
 
@@ -111,7 +111,7 @@ def test_every_turn_is_trained_in_its_inference_context(name, data, template_fol
 SHAPE_EXPECTED = {
     "qwen3": ("", "", ""), "qwq": ("", "<think>\n", "</think>"),
     "deepseek-r1-distill-qwen": ("", "<think>\n", "</think>"), "phi-3.5-mini": ("<|endoftext|>", "", ""),
-    "llama-3.1": ("", "", ""), "llama-3.2": ("", "", ""),
+    "mistral-v3": ("", "", ""), "llama-3.1": ("", "", ""), "llama-3.2": ("", "", ""),
 }
 
 
