@@ -6,6 +6,7 @@ import json
 
 from .layout import COLUMNS, FILES, LayoutContext, get_layout
 from .normalize import changes_text
+from .render import context_text
 
 # Values the Hub accepts for ``size_categories``: (upper bound of rows, label).
 SIZE_CATEGORIES = [
@@ -186,6 +187,13 @@ def _layout_section(layout) -> str:
 """
 
 
+def _template_inputs_text(config: dict) -> str:
+    """What every rendering got besides the messages (docs/chat-templates.md, Template inputs)."""
+    args = json.dumps(config.get("template_args") or {}, ensure_ascii=False)
+    return (f"date `{config.get('date', 'the clock')}`, template args `{args}`, named template "
+            f"`{config.get('chat_template') or 'default'}`, reasoning without a place `{config.get('reasoning', 'not recorded')}`")
+
+
 def render_card(manifest: dict) -> str:
     config = manifest["config"]
     counts = manifest["counts"]
@@ -250,10 +258,12 @@ than the lower bound ceil(tokens / max_len).
 | row order | `{config['row_order']}` |
 | tokenizer | `{_local_name(tok['name_or_path'])}` (vocab {tok['vocab_size']}, files sha256 `{tok['files_sha256'][:16]}`) |
 | chat template sha256 | `{template_hash}` |
+| template inputs | {_template_inputs_text(config)} |
 
 Records: {counts['records']:,} read, {counts['packed']:,} packed whole, {counts['truncated']:,} truncated,
 {counts['split']:,} split, {counts['rejected']:,} rejected ({reasons}; see `rejects.jsonl`).
-Normalizing, {changes_text(counts.get('normalized') or {}, counts.get('turns_not_located', 0))}. Inputs:
+Normalizing, {changes_text(counts.get('normalized') or {}, counts.get('turns_not_located', 0))}.
+Labels: {context_text(manifest['config'].get('turn_context', 'exact'), counts)} (docs/chat-templates.md). Inputs:
 
 {_inputs_text(manifest)}
 {_mixture_section(manifest)}

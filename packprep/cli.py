@@ -20,7 +20,9 @@ from . import __version__
 from .control_text import MODES as CONTENT_SPECIAL
 from .errors import EXIT_CODES_HELP, EXIT_INTERNAL, PackprepError
 from .layout import layout_names
+from .assistant_turns import REASONING
 from .normalize import CONSECUTIVE, FORMATS, LEADING, SYSTEM, changes_text
+from .render import TURN_CONTEXTS, context_text
 from .packing import ROW_ORDERS, STRATEGIES, STRATEGY_TABLE
 from .inspect import inspect_row
 from .engines import ENGINES
@@ -29,6 +31,7 @@ from .balance import SAMPLERS
 from .stats import DEFAULT_MAX_LENS, DEFAULT_STRATEGIES, stats as stats_
 from .verify import verify as verify_
 from .plan import OVERLONG
+from .template_inputs import parse_template_args
 from .tokenize import BACKENDS, TRAIN_ON
 from .write import SHARD_FORMATS
 
@@ -76,11 +79,38 @@ def _default(function, name: str):
 # options pack and stats share, so that both read records the same way
 _SAMPLES_PER_ROW = click.option("--samples-per-row", default=None, type=int,
                                 help="Samples per row for --strategy minibatch.")
+_TURN_CONTEXT = click.option(
+    "--turn-context", default=DEFAULT.turn_context, show_default=True, type=click.Choice(TURN_CONTEXTS),
+    help="A turn the chat template renders differently in the whole conversation than at inference (Qwen3, "
+    "DeepSeek-R1): exact trains every turn in its inference context (the conversation becomes several "
+    "sequences, their repeated context counted); intact trains only the turns the whole rendering holds so; "
+    "rendered trains them as the whole rendering writes them. See docs/chat-templates.md.")
 _NUM_PROC = click.option("--num-proc", default=None, type=int, help="Tokenizer processes [default: all cores].")
 
 
+def _template_args(ctx, param, values) -> dict:
+    try:
+        return parse_template_args(values)
+    except PackprepError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 def _record_options(command):
-    """--format, --messages-field, --text-field and the normalizing policies: how records are read."""
+    """--format, --messages-field, --text-field, the normalizing policies and the template inputs:
+    how records are read and rendered."""
+    command = click.option("--chat-template", default=None, metavar="NAME",
+                           help="Which of the tokenizer's named chat templates (e.g. tool_use) [default: default].")(command)
+    command = click.option("--date", default=DEFAULT.date, show_default=True, metavar="YYYY-MM-DD",
+                           help="The date templates that read the clock render (Llama-3.2's 'Today Date'), "
+                           "so the same inputs give the same bytes on any day.")(command)
+    command = click.option("--template-arg", "template_args", multiple=True, callback=_template_args,
+                           metavar="KEY=VALUE",
+                           help="A variable for every rendering, VALUE read as JSON else text; repeatable "
+                           "(e.g. enable_thinking=false). A record's own chat_template_kwargs go on top.")(command)
+    command = click.option("--reasoning", default=DEFAULT.reasoning, show_default=True, type=click.Choice(REASONING),
+                           help="Reasoning (reasoning_content, <think>...</think>) for a template that renders "
+                           "none: write it inline as <think>...</think> before the answer, drop it, or reject "
+                           "the record. Counted either way.")(command)
     command = click.option("--system", default=DEFAULT.system, show_default=True, type=click.Choice(SYSTEM),
                            help="System message: auto folds it into the first user turn only where the chat "
                            "template renders none (Mistral v0.1); keep; fold.")(command)
@@ -171,6 +201,7 @@ _VALIDATION_SIZE = click.option("--validation-size", default=None, type=float, m
 @click.option("--seed", default=DEFAULT.seed, show_default=True, type=int, help="Seed for shuffles; same seed, same bytes.")
 @click.option("--train-on", default=DEFAULT.train_on, show_default=True, type=click.Choice(TRAIN_ON),
               help="Which tokens get labels: every assistant turn, only the last, or all tokens.")
+@_TURN_CONTEXT
 @_record_options
 @click.option("--overlong", default=DEFAULT.overlong, show_default=True, type=click.Choice(OVERLONG),
               help="What to do with a sample longer than --max-len.")
@@ -217,6 +248,8 @@ def pack(inputs, tokenizer, output, format_, num_proc, engine, ray_address, push
       packprep pack 'dump/*.json' -t ./llama3 --leading-assistant reject --consecutive keep -o packed/
       packprep pack chats.jsonl -t ./llama3 --max-len 32768 --balance-dp 8 --model-config cfg.json -o packed/
       packprep pack --mix mix.yaml -t ./llama3 --validation-size 0.02 -o packed/
+      packprep pack chats.jsonl -t ./qwen3 --template-arg enable_thinking=false -o packed/
+      packprep pack chats.jsonl -t ./llama-3.2 --date 2025-01-31 --reasoning drop -o packed/
     """
     if push_to:  # a bad token or no network fails before the packing work, not after
         from .push import check_credentials
@@ -236,6 +269,7 @@ def pack(inputs, tokenizer, output, format_, num_proc, engine, ray_address, push
         + (f" (see {output}/rejects.jsonl)" if counts["rejected"] else "")
         + "".join(f"\n    {reason}" for reason in counts.get("top_rejections", []))
         + f"\n  {changes_text(counts.get('normalized') or {}, counts.get('turns_not_located', 0))}"
+        + f"\n  {context_text(manifest['config'].get('turn_context', 'exact'), counts)}"
     )
     if push_to:
         from .push import push as push_
@@ -404,6 +438,7 @@ def push(folder, repo_id, private, revision, token, commit_message):
 @click.option("--epochs", default=_default(stats_, "epochs"), show_default=True, type=int, help="Epochs, for the optimizer step count.")
 @click.option("--train-on", default=DEFAULT.train_on, show_default=True, type=click.Choice(TRAIN_ON),
               help="Which tokens get labels, as for pack.")
+@_TURN_CONTEXT
 @_record_options
 @click.option("--overlong", default=DEFAULT.overlong, show_default=True, type=click.Choice(OVERLONG),
               help="What pack would do with a sample longer than --max-len.")

@@ -90,8 +90,8 @@ class ControlText:
         found: list[str] = []
         masked = replace(conversation, messages=self._mask(conversation.messages, found),
                          tools=self._mask(conversation.tools, found))
-        rendered = render(masked)
-        return self._unmask(rendered, found)
+        rendered = render(masked)  # a record split by --turn-context exact: each sequence unmasked alike
+        return replace(self._unmask(rendered, found), earlier=[self._unmask(e, found) for e in rendered.earlier])
 
     def _unmask(self, rendered: Rendered, found: list[str]) -> Rendered:
         """The rendering with the original strings back, its spans moved, and its markup tokens located."""

@@ -28,12 +28,17 @@ from .errors import ConfigError, InputError
 from .fates import FATES, PACKED, REJECTED, SPLIT, TRUNCATED  # noqa: F401  (the ledger's vocabulary)
 from .normalize import Conversation, FieldNames, Policy, Rejected, detect_format, fit_to_template, normalize
 from .read import Part, Record, Source, first_records, read_part
+from .template_inputs import prepare_template
 from .tokenize import GUARD_CHARS, ChatEncoder, Encoded, load_tokenizer
 
 if TYPE_CHECKING:  # pragma: no cover
     from .engines import Engine
     from .pipeline import PackConfig
 
+# what training each turn in its inference context costs (render.py): turns the whole rendering does
+# not hold as at inference, sequences beyond one a record and their tokens, and turns trained only as
+# the whole rendering writes them (turn_context rendered)
+CONTEXT_COUNTS = ("turns_rewritten", "extra_sequences", "repeated_tokens", "turns_out_of_context")
 BATCH = 256  # conversations a tokenizer call
 TOKENIZER_FILES_LIMIT = 64 << 20  # a tokenizer folder travels to remote workers as its files up to this size
 
@@ -70,8 +75,9 @@ class Encoding:
         """Load the tokenizer, tell each input's format, and check the chat template against ``max_len``
         (default ``config.max_len``) before any record is encoded."""
         tok = load_tokenizer(tokenizer)
-        encoder = ChatEncoder(tok, config.train_on, config.tokenizer_backend, config.content_special_tokens,
-                              config.render_timeout)
+        encoder = ChatEncoder(tok, config.train_on, config.tokenizer_backend, variables=_template_variables(tok, config),
+                              turn_context=config.turn_context, content_special=config.content_special_tokens,
+                              render_timeout=config.render_timeout)
         fields = [FieldNames(s.messages_field or config.messages_field, config.text_field) for s in sources]
         formats = [_source_format(s, s.format or config.format, f, config.preference) for s, f in zip(sources, fields)]
         with encoder.probing():
@@ -157,8 +163,12 @@ class EncodeContext:
                     with open(os.path.join(self._folder.name, file_name), "wb") as handle:
                         handle.write(data)
                 name = self._folder.name
-            self.encoder = ChatEncoder(load_tokenizer(name), self.config.train_on, self.config.tokenizer_backend,
-                                       self.config.content_special_tokens, self.config.render_timeout)
+            tokenizer = load_tokenizer(name)
+            self.encoder = ChatEncoder(tokenizer, self.config.train_on, self.config.tokenizer_backend,
+                                       variables=_template_variables(tokenizer, self.config),
+                                       turn_context=self.config.turn_context,
+                                       content_special=self.config.content_special_tokens,
+                                       render_timeout=self.config.render_timeout)
         return self.encoder
 
 
@@ -173,6 +183,7 @@ class PartResult:
     changes: Counter = field(default_factory=Counter)
     formats: Counter = field(default_factory=Counter)
     turns_not_located: int = 0
+    context: Counter = field(default_factory=Counter)  # Ledger.context
     rejects: list[dict] = field(default_factory=list)
     failure: dict | None = None  # --on-error fail: the first bad record; nothing after it was read
     tokens: int = 0
@@ -203,7 +214,7 @@ def encode_part(context: EncodeContext, part: Part) -> PartResult:
             failure = {"file": exc.record.file, "index": exc.record.index, "line": exc.record.line,
                        "reason": exc.reason}
     return PartResult(records.lines, ledger.status, ledger.reasons, ledger.changes, seen,
-                      ledger.turns_not_located, ledger.entries, failure, tokens, encoder.backend_name, sink.finish())
+                      ledger.turns_not_located, ledger.context, ledger.entries, failure, tokens, encoder.backend_name, sink.finish())
 
 
 def _normalized(context: EncodeContext, part: Part, records: Iterable[Record], ledger: "Ledger",
@@ -334,10 +345,11 @@ class DataGuard:
                 if isinstance(conversation, Rejected):
                     continue
                 try:
-                    rendered.append(encoder.render(conversation))
+                    r = encoder.render(conversation)
                 except Rejected:
                     continue
-                chars += len(rendered[-1].text)
+                rendered += [*r.earlier, r]
+                chars += sum(len(piece.text) for piece in (*r.earlier, r))
                 if chars >= GUARD_CHARS:
                     return rendered
         return rendered
@@ -394,6 +406,7 @@ class _Merge:
         ledger.reasons.update(result.reasons)
         ledger.changes.update(result.changes)
         ledger.turns_not_located += result.turns_not_located
+        ledger.context.update(result.context)
         ledger.formats.setdefault(source, Counter()).update(result.formats)
         for entry in result.rejects:
             entry["index"] += index_base
@@ -419,6 +432,7 @@ class Ledger:
         self.status = bytearray()  # the FATES index of each record: one byte a record
         self.reasons: Counter = Counter()
         self.turns_not_located = 0
+        self.context: Counter = Counter()  # CONTEXT_COUNTS: what training every turn in its context costs
         self.changes: Counter = Counter()  # what normalize.py's transforms changed in the kept records
         self.formats: dict[int, Counter] = {}  # source number -> records of each format
         self.entries: list[dict] = []
@@ -450,10 +464,18 @@ class Ledger:
         return item
 
     def keep(self, conversation: Conversation, encoded: Encoded) -> None:
-        """Count what a record that is kept brings: normalizing changes, turns not located."""
+        """Count what a record that is kept brings: normalizing changes, turns not located, and what
+        its turns' contexts cost (the tokens of its sequences before the last, as encoded)."""
         self.changes.update(conversation.changes)
         self.changes["control_text_in_content"] += encoded.control_text
         self.turns_not_located += encoded.turns_not_located
+        self.context.update({"turns_rewritten": encoded.turns_rewritten, "extra_sequences": len(encoded.earlier),
+                             "repeated_tokens": encoded.repeated_tokens,
+                             "turns_out_of_context": encoded.turns_out_of_context})
+
+    def context_counts(self) -> dict[str, int]:
+        """The manifest's and stats' counts of what the turn-context policy cost."""
+        return {name: int(self.context.get(name, 0)) for name in CONTEXT_COUNTS}
 
     def formats_seen(self, number: int, fallback: str) -> str:
         """The format of input ``number``'s records, "sharegpt+openai" for a file that mixes them."""
@@ -562,7 +584,13 @@ def _record_policy(encoder: ChatEncoder, config: "PackConfig") -> Policy:
     """How records are fitted to training and to this tokenizer's chat template (normalize.py)."""
     if not encoder.has_template:
         return Policy(config.leading_assistant, config.consecutive)
-    return fit_to_template(encoder.template.render, config.leading_assistant, config.consecutive, config.system)
+    return fit_to_template(encoder.template.render, config.leading_assistant, config.consecutive, config.system,
+                           config.reasoning)
+
+
+def _template_variables(tokenizer, config: "PackConfig") -> dict:
+    """The run's named template picked on ``tokenizer``, and what its renderings get (template_inputs.py)."""
+    return prepare_template(tokenizer, config.chat_template, config.date, config.template_args)
 
 
 def _in_batches(iterable: Iterable, size: int) -> Iterator[list]:

@@ -67,3 +67,15 @@ def check_range(option: str, value, low, high) -> None:
     """A ConfigError naming ``option`` and its allowed range unless ``low <= value <= high``."""
     if not low <= value <= high:
         raise ConfigError(f"{option} must be between {low:,} and {high:,}, not {value:,}")
+
+
+class Rejected(Exception):
+    """A record that cannot be trained on (not a run error: the record is set aside and counted).
+
+    ``str(exc)`` is the reason written to rejects.jsonl; ``code`` is the short category that the
+    manifest counts (``rejected_by_reason``).
+    """
+
+    def __init__(self, reason: str, code: str = "invalid_record"):
+        super().__init__(reason)
+        self.code = code

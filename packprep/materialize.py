@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +21,6 @@ import pyarrow as pa
 from .encode import Ledger
 from .fates import DROPPED, EMPTIED, TRUNCATED
 from .layout import IGNORE_INDEX, ROW_SCHEMA
-from .normalize import Rejected
 from .packing import index_dtype
 from .plan import overlong_fates
 from .read import Part
@@ -36,20 +35,25 @@ class TokenStore:
     The tokens stay in the files the encode workers spilled, two flat int32 files a part
     (:class:`TokenSpill`), in part order. Rows are gathered from them with ``pread``, which keeps
     resident memory bounded by one row group (a memory map would not: every page it touches
-    counts as resident). Sequence i is the i-th input record that was not rejected (each kept
-    record is one sequence, spilled in input order), so its record number is computed from the
-    rejected records alone (:meth:`source_index`), not held for every sequence.
+    counts as resident). Records are spilled in input order, each kept one as one sequence or, where
+    a conversation is trained as several (render.py, turn_context exact), as consecutive ones; so a
+    sequence's record number is computed from the rejected records and the sequences that continue
+    a record alone (:meth:`source_index`), not held for every sequence.
     """
 
     offsets: np.ndarray  # int64, n + 1: first token of each sequence, over all parts
     skips: np.ndarray  # sorted: rejected[j] - j for each rejected record number, j its rank
     cache_dir: Path
     part_starts: np.ndarray  # int64, parts + 1: first token of each part's files
+    repeats: np.ndarray  # sorted int64: the sequences that continue the record of the sequence before them
 
     @classmethod
     def from_spills(cls, cache_dir: Path, spills: list["Spilled"], rejected: np.ndarray) -> "TokenStore":
         """The store of every part's spill, in part order; ``rejected``: the sorted numbers of the
         input records that are not sequences."""
+        firsts = np.cumsum([0] + [len(s.lengths) for s in spills])
+        repeats = np.concatenate([np.zeros(0, np.int64)] + [s.continued.astype(np.int64) + first
+                                                            for s, first in zip(spills, firsts.tolist())])
         offsets = np.zeros(sum(len(s.lengths) for s in spills) + 1, dtype=np.int64)
         at = 0
         for spill in spills:
@@ -58,7 +62,7 @@ class TokenStore:
         part_tokens = np.array([s.lengths.sum(dtype=np.int64) for s in spills], dtype=np.int64)
         part_starts = np.concatenate([[0], np.cumsum(part_tokens)]).astype(np.int64)
         skips = (np.asarray(rejected, dtype=np.int64) - np.arange(len(rejected))).astype(index_dtype(len(offsets)))
-        return cls(offsets, skips, Path(cache_dir), part_starts)
+        return cls(offsets, skips, Path(cache_dir), part_starts, repeats)
 
     @property
     def lengths(self) -> np.ndarray:
@@ -68,8 +72,11 @@ class TokenStore:
         return lengths
 
     def source_index(self, items: np.ndarray) -> np.ndarray:
-        """The input record (int64) of each sequence in ``items``: its index plus the records
-        rejected before it (those whose ``skips`` value is at most the index)."""
+        """The input record (int64) of each sequence in ``items``: its record's first sequence
+        among the first sequences (its index less the repeats at or before it), plus the records
+        rejected before it (those whose ``skips`` value is at most that)."""
+        if len(self.repeats):
+            items = items - np.searchsorted(self.repeats, items, side="right")
         return items + np.searchsorted(self.skips, items, side="right")
 
     def __len__(self) -> int:
@@ -109,17 +116,23 @@ class Spilled:
     """What a part's spill tells the driver: the length of each kept sequence, in input order."""
 
     lengths: np.ndarray  # int32
+    continued: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # int64: the sequences that continue the record of the one before them
 
 
 class TokenSpill:
     """Writes one part's sequences to its two files under ``cache_dir`` (an encode worker's output),
-    one for each record not rejected, in input order (what :meth:`TokenStore.source_index` counts on)."""
+    one or more for each record not rejected, in input order (what :meth:`TokenStore.source_index`
+    counts on)."""
 
     def __init__(self, cache_dir: Path, part: int):
         self._lengths = array("i")  # 4 bytes a sequence, not a Python int object each
+        self._continued = array("q")
         self._files = (open(spill_path(cache_dir, part, "ids"), "wb"), open(spill_path(cache_dir, part, "labels"), "wb"))
 
-    def append(self, input_ids: np.ndarray, labels: np.ndarray) -> None:
+    def append(self, input_ids: np.ndarray, labels: np.ndarray, continues: bool = False) -> None:
+        """Spill a sequence; ``continues``: of the same record as the one before it."""
+        if continues:
+            self._continued.append(len(self._lengths))
         self._files[0].write(np.ascontiguousarray(input_ids, dtype=np.int32).tobytes())
         self._files[1].write(np.ascontiguousarray(labels, dtype=np.int32).tobytes())
         self._lengths.append(len(input_ids))
@@ -127,7 +140,8 @@ class TokenSpill:
     def finish(self) -> Spilled:
         for handle in self._files:
             handle.close()
-        return Spilled(np.frombuffer(self._lengths, dtype=np.int32).copy())
+        return Spilled(np.frombuffer(self._lengths, dtype=np.int32).copy(),
+                       np.frombuffer(self._continued, dtype=np.int64).copy())
 
 
 @dataclass
@@ -203,34 +217,42 @@ class PackSink:
         self.spill = TokenSpill(cache_dir, part.number)
 
     def take(self, batch, ledger: Ledger) -> int:
+        kept = [(number, record, conversation, item) for number, record, conversation, item in batch
+                if ledger.accept(record, number, item) is not None]
+        # a record may be several sequences (render.py, turn_context exact): --overlong applies to each
+        sequences = [(at, ids, labels) for at, (*_, item) in enumerate(kept) for ids, labels in item.sequences]
+        fates = self._fates(sequences)
+        tokens = 0
+        for at, (number, record, conversation, item) in enumerate(kept):
+            mine = [(fate, ids, labels) for fate, (owner, ids, labels) in zip(fates, sequences) if owner == at]
+            longest = max(len(ids) for _, ids, _ in mine)
+            if any(fate == DROPPED for fate, *_ in mine):
+                reason = f"{longest} tokens, longer than --max-len {self.max_len} (--overlong drop)"
+                ledger.reject(record, number, reason, "overlong")
+                continue
+            mine = [m for m in mine if m[0] != EMPTIED]
+            if not mine:
+                reason = f"{longest} tokens; no supervised token is left after truncation to --max-len {self.max_len}"
+                ledger.reject(record, number, reason, "overlong")
+                continue
+            ledger.keep(conversation, item)
+            for n, (fate, ids, labels) in enumerate(mine):
+                if fate == TRUNCATED:
+                    ids, labels = ids[: self.max_len], labels[: self.max_len]
+                    ledger.status[number] = TRUNCATED
+                self.spill.append(ids, labels, continues=n > 0)
+                tokens += len(ids)
+        return tokens
+
+    def _fates(self, sequences) -> list[int]:
+        """The ``--overlong`` fate of each sequence (plan.overlong_fates)."""
         max_len = self.max_len
-        lengths = np.array([0 if isinstance(item, Rejected) else len(item.input_ids) for *_, item in batch], np.int64)
+        lengths = np.array([len(ids) for _, ids, _ in sequences], np.int64)
         within = None
         if self.overlong == "truncate" and (lengths > max_len).any():
-            within = [int((item.labels[1:max_len] != IGNORE_INDEX).sum()) if n > max_len else 1
-                      for (*_, item), n in zip(batch, lengths.tolist())]
-        tokens = 0
-        for (number, record, conversation, item), fate in zip(batch, overlong_fates(lengths, max_len, self.overlong,
-                                                                                      within)):
-            item = ledger.accept(record, number, item)
-            if item is None:
-                continue
-            ids, labels = item.input_ids, item.labels
-            if fate == DROPPED:
-                reason = f"{len(ids)} tokens, longer than --max-len {max_len} (--overlong drop)"
-                ledger.reject(record, number, reason, "overlong")
-                continue
-            if fate == EMPTIED:
-                reason = f"{len(ids)} tokens; no supervised token is left after truncation to --max-len {max_len}"
-                ledger.reject(record, number, reason, "overlong")
-                continue
-            if fate == TRUNCATED:
-                ids, labels = ids[:max_len], labels[:max_len]
-                ledger.status[number] = TRUNCATED
-            ledger.keep(conversation, item)
-            self.spill.append(ids, labels)
-            tokens += len(ids)
-        return tokens
+            within = [int((labels[1:max_len] != IGNORE_INDEX).sum()) if n > max_len else 1
+                      for (_, _, labels), n in zip(sequences, lengths.tolist())]
+        return overlong_fates(lengths, max_len, self.overlong, within).tolist()
 
     def finish(self):
         return self.spill.finish()

@@ -30,6 +30,12 @@ each conversation, and each counts what it changed (``Conversation.changes``; th
     the assistant's content as the JSON ``{"name", "arguments"}``, so that it is still trained;
     for a template that has no ``tool`` role (Llama-2, Mistral v0.1), tool results become user
     messages. Decided once per template by :func:`fit_to_template`.
+``tool_call_text_dropped`` / ``reasoning_inlined`` / ``reasoning_dropped``
+    An assistant's reasoning and tool calls in the shape the template reads them, counted where
+    that changes what is trained (assistant_turns.py; ``--reasoning inline|drop|reject``).
+``template_kwargs``
+    Records that carry their own ``chat_template_kwargs`` (rendered with them on top of
+    ``--template-arg``; template_inputs.py).
 """
 
 from __future__ import annotations
@@ -40,6 +46,9 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 from typing import Any, Callable
+
+from .assistant_turns import REASONING_FIELDS, place_reasoning, shape_calls, with_reasoning
+from .errors import ConfigError, Rejected
 
 FORMATS = ("sharegpt", "openai", "alpaca", "text")
 
@@ -67,19 +76,9 @@ LEADING = ("drop", "reject")
 CONSECUTIVE = ("merge", "keep", "reject")
 SYSTEM = ("auto", "keep", "fold")
 CHANGES = ("leading_turns_dropped", "turns_merged", "system_folded", "tool_calls_as_text", "tool_results_as_user",
-           "control_text_in_content")
+           "control_text_in_content", "tool_call_text_dropped", "reasoning_inlined", "reasoning_dropped",
+           "template_kwargs")
 
-
-class Rejected(Exception):
-    """A record that cannot be trained on.
-
-    ``str(exc)`` is the reason written to rejects.jsonl; ``code`` is the short category that the
-    manifest counts (``rejected_by_reason``).
-    """
-
-    def __init__(self, reason: str, code: str = "invalid_record"):
-        super().__init__(reason)
-        self.code = code
 
 
 @dataclass
@@ -88,6 +87,7 @@ class Conversation:
     tools: list[Any] | None = None
     text: str | None = None
     changes: dict[str, int] = field(default_factory=dict)  # what the Policy's transforms did (CHANGES)
+    template_kwargs: dict[str, Any] | None = None  # the record's own chat_template_kwargs
 
 
 @dataclass(frozen=True)
@@ -102,8 +102,11 @@ class FieldNames:
 class Policy:
     """How conversations are fitted to training and to the chat template (module docstring).
 
-    ``system``, ``tool_calls`` and ``tool_results`` are what :func:`fit_to_template` decides for
-    one template: ``keep``/``fold``, ``native``/``text`` and ``tool``/``user``.
+    ``system``, ``tool_calls``, ``tool_results``, ``call_content``, ``call_arguments`` and
+    ``reasoning_field`` are what :func:`fit_to_template` decides for one template:
+    ``keep``/``fold``, ``native``/``text``, ``tool``/``user``, ``empty``/``none`` (the content
+    of a message with tool calls), ``object``/``string`` and the field it reads reasoning from
+    (None: it reads none, and ``reasoning`` says what is done with it).
     """
 
     leading_assistant: str = "drop"
@@ -111,6 +114,10 @@ class Policy:
     system: str = "keep"
     tool_calls: str = "native"
     tool_results: str = "tool"
+    reasoning: str = "inline"
+    call_content: str = "empty"
+    call_arguments: str = "object"
+    reasoning_field: str | None = "reasoning_content"
 
 
 def detect_format(record: Any, fields: FieldNames = FieldNames()) -> str | None:
@@ -167,15 +174,29 @@ def _chat(record: dict, key: str) -> Conversation:
             messages.append(_sharegpt_turn(turn, number))
         else:
             messages.append(_openai_turn(turn, number))
-    return Conversation(messages=messages, tools=_tools(record.get("tools")))
+    return Conversation(messages=messages, tools=_tools(record.get("tools")),
+                        template_kwargs=_template_kwargs(record.get("chat_template_kwargs")))
+
+
+def _template_kwargs(value: Any) -> dict | None:
+    """A record's ``chat_template_kwargs`` (as OpenAI-style data sets carry them), or None."""
+    if value in (None, {}):
+        return None
+    from .template_inputs import check_template_args
+
+    try:
+        return check_template_args(value, "field 'chat_template_kwargs'")
+    except ConfigError as exc:
+        raise Rejected(str(exc), "wrong_type") from None
 
 
 def _sharegpt_turn(turn: dict, number: int) -> dict:
     speaker = _speaker(turn, number, "from")
     content = _string(turn.get("value"), "message {} 'value'", number)
     if speaker in TOOL_CALL_SPEAKERS:
-        return {"role": "assistant", "content": "", "tool_calls": _calls_from_text(content, number)}
-    return {"role": ROLES[speaker], "content": content}
+        return {"role": "assistant", "content": None, "tool_calls": _calls_from_text(content, number)}
+    message = {"role": ROLES[speaker], "content": content}
+    return with_reasoning(message, turn, number) if message["role"] == "assistant" else message
 
 
 def _openai_turn(turn, number: int) -> dict:
@@ -184,11 +205,13 @@ def _openai_turn(turn, number: int) -> dict:
     if calls:
         if not isinstance(calls, list):
             raise Rejected(f"message {number} 'tool_calls' is a JSON {_json_type(calls)}, expected a list", "bad_tool_call")
-        content = turn.get("content")
-        message = {"role": role, "content": "" if content is None else _content(content, number),
+        content = turn.get("content")  # None stays None: fit_to_template decides what the template needs
+        message = {"role": role, "content": None if content is None else _content(content, number),
                    "tool_calls": [_call(call, number) for call in calls]}
     else:
         message = {"role": role, "content": _content(turn.get("content"), number)}
+    if role == "assistant":
+        return with_reasoning(message, turn, number)
     if role == "tool":
         message.update({k: turn[k] for k in ("name", "tool_call_id") if isinstance(turn.get(k), str)})
     return message
@@ -245,13 +268,19 @@ def fit(conversation: Conversation, policy: Policy) -> Conversation:
     """Apply the policy's transforms in order; each adds what it changed to ``conversation.changes``."""
     counts: Counter = Counter()
     messages = conversation.messages
-    for transform in (_tool_calls_as_text, _tool_results_as_user, _drop_leading, _merge_consecutive, _fold_system):
+    for transform in (_tool_calls_as_text, _tool_results_as_user, _drop_leading):
         messages = transform(messages, policy, counts)
+    messages = place_reasoning(messages, policy.reasoning_field, policy.reasoning, counts)
+    messages = _merge_consecutive(messages, policy, counts)
+    messages = shape_calls(messages, policy.call_content, policy.call_arguments, counts)
+    messages = _fold_system(messages, policy, counts)
+    if conversation.template_kwargs:
+        counts["template_kwargs"] += 1
     if counts.get("leading_turns_dropped") and not any(m["role"] == "assistant" for m in messages):
         raise Rejected(f"no assistant turn to train on after the first user turn ({counts['leading_turns_dropped']} "
                        "turn(s) before it were dropped: --leading-assistant drop)", "no_assistant_turn")
     return Conversation(messages=messages, tools=conversation.tools, text=conversation.text,
-                        changes={k: v for k, v in counts.items() if v})
+                        changes={k: v for k, v in counts.items() if v}, template_kwargs=conversation.template_kwargs)
 
 
 def _tool_calls_as_text(messages: list[dict], policy: Policy, counts: Counter) -> list[dict]:
@@ -306,6 +335,9 @@ def _merge_consecutive(messages: list[dict], policy: Policy, counts: Counter) ->
                            "--consecutive merge joins them, --consecutive keep leaves them to the template",
                            "consecutive_turns")
         merged = {**before, "content": "\n\n".join(p for p in (before["content"], message["content"]) if p)}
+        for name in REASONING_FIELDS:  # both turns' reasoning, under the field the template reads
+            if before.get(name) or message.get(name):
+                merged[name] = "\n\n".join(p for p in (before.get(name), message.get(name)) if p)
         if before.get("tool_calls") or message.get("tool_calls"):
             merged["tool_calls"] = list(before.get("tool_calls") or []) + list(message.get("tool_calls") or [])
         out[-1] = merged
@@ -332,6 +364,10 @@ _CHANGE_TEXT = {
     "tool_results_as_user": "{n} tool results given as user turns (the template has no tool role)",
     "control_text_in_content": "{n} records whose own text spells a control token, encoded as plain text "
                                "(--content-special-tokens)",
+    "tool_call_text_dropped": "{n} texts beside tool calls dropped (the template renders calls only without content)",
+    "reasoning_inlined": "{n} assistant turns' reasoning written inline as <think>...</think> (--reasoning inline)",
+    "reasoning_dropped": "{n} assistant turns' reasoning dropped (--reasoning drop)",
+    "template_kwargs": "{n} records rendered with their own chat_template_kwargs",
 }
 
 
@@ -347,11 +383,11 @@ _PROBE = "\u2063packprep-probe\u2063"  # a text no template writes by itself
 
 
 def fit_to_template(render: Callable[[list, list | None, bool], str], leading_assistant: str = "drop",
-                    consecutive: str = "merge", system: str = "auto") -> Policy:
+                    consecutive: str = "merge", system: str = "auto", reasoning: str = "inline") -> Policy:
     """The :class:`Policy` for a chat template, decided from what ``render(messages, tools,
-    add_generation_prompt)`` does with three small probe conversations: whether it renders a system
-    message, an assistant's ``tool_calls``, and a ``tool`` message (each: renders without error and
-    shows the probe text)."""
+    add_generation_prompt)`` does with small probe conversations: whether it renders a system
+    message, an assistant's ``tool_calls`` (and with which content and arguments), a ``tool``
+    message, and reasoning (under which field); each: renders without error and shows the probe text."""
     def shows(messages) -> bool:
         try:
             return _PROBE in render(messages, None, False)
@@ -359,13 +395,22 @@ def fit_to_template(render: Callable[[list, list | None, bool], str], leading_as
             return False
 
     user, reply = {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}
-    call = {"role": "assistant", "content": "",
-            "tool_calls": [{"type": "function", "function": {"name": _PROBE, "arguments": {}}}]}
     if system == "auto":
         system = "keep" if shows([{"role": "system", "content": _PROBE}, user, reply]) else "fold"
-    calls = "native" if shows([user, call]) else "text"
-    results = "tool" if shows([user, call if calls == "native" else reply, {"role": "tool", "content": _PROBE}, reply]) else "user"
-    return Policy(leading_assistant, consecutive, system, calls, results)
+    calls, content, arguments, call = "text", "empty", "object", reply
+    for content_value, arguments_value in (("", {}), (None, {}), ("", "{}"), (None, "{}")):
+        probe = {"role": "assistant", "content": content_value,  # an id as Mistral's templates require: 9 characters
+                 "tool_calls": [{"id": "probe0001", "type": "function",
+                                 "function": {"name": _PROBE, "arguments": arguments_value}}]}
+        if shows([user, probe]):
+            calls, call = "native", probe
+            content = "empty" if content_value == "" else "none"
+            arguments = "object" if arguments_value == {} else "string"
+            break
+    results = "tool" if shows([user, call, {"role": "tool", "tool_call_id": "probe0001", "content": _PROBE}, reply]) \
+        else "user"
+    field_name = next((name for name in REASONING_FIELDS if shows([user, {**reply, name: _PROBE}])), None)
+    return Policy(leading_assistant, consecutive, system, calls, results, reasoning, content, arguments, field_name)
 
 
 def template_refusal(messages: list[dict], error: Exception) -> str:

@@ -10,7 +10,7 @@ import json
 import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from functools import partial
 
 import numpy as np
@@ -18,6 +18,7 @@ import numpy as np
 from . import __version__
 from .balance import SAMPLERS, balance_bins, balance_summary, can_balance
 from .card import length_histograms, render_card
+from .assistant_turns import REASONING
 from .control_text import MODES as CONTENT_SPECIAL
 from .cost import model_cost
 from .encode import FATES, PACKED, REJECTED, SPLIT, Encoding, Ledger, top_reasons
@@ -26,12 +27,14 @@ from .errors import ConfigError, InputError, check_range
 from .layout import DEFAULT_LAYOUT, FILES, get_layout
 from .materialize import PackSink, Segments, TokenStore
 from .normalize import CHANGES, CONSECUTIVE, FORMATS, LEADING, SYSTEM
+from .render import TURN_CONTEXTS
 from .packing import ROW_ORDERS, STRATEGY_TABLE, Bins, lower_bound, order_bins
 from .plan import check_overlong, check_strategy, plan_bins
 from .progress import Progress
 from .mix import UNSAMPLED, Mixture, input_starts, open_inputs, plan_rounds
 from .read import Part, PartPlan, Source, file_sha256, scan_json_chunk
 from .split import membership
+from .template_inputs import DEFAULT_DATE, check_date, check_template_args
 from .tokenize import BACKENDS, TRAIN_ON, tokenizer_fingerprint
 from .verify import Report, ShardCheck, ShardContext, check_part, check_tasks, join_checks, verify
 from .write import (SHARD_FORMATS, OutputFolder, finish_shards, join_shard, parse_size, prepare_shards, shard_pieces,
@@ -61,6 +64,7 @@ class PackConfig:
     strategy: str = "greedy"
     seed: int = 0
     train_on: str = "assistant"
+    turn_context: str = "exact"  # exact | intact | rendered: a turn the full rendering rewrites (render.py)
     format: str | None = None  # None: detected per record
     messages_field: str | None = None
     text_field: str = "text"
@@ -82,6 +86,10 @@ class PackConfig:
     render_timeout: float = 60.0  # seconds one record's rendering may take; a record over it is rejected
     preference: str = "refuse"  # preference data (chosen/rejected): refuse | chosen (train on the chosen reply)
     content_special_tokens: str = "text"  # text in records that spells a control token: text | special (control_text.py)
+    reasoning: str = "inline"  # reasoning for a template that reads none: inline | drop | reject (normalize.py)
+    date: str = DEFAULT_DATE  # the date templates that read the clock get (template_inputs.py)
+    template_args: dict = field(default_factory=dict)  # variables passed to every rendering (--template-arg)
+    chat_template: str | None = None  # which of the tokenizer's named templates; None: "default"
 
     @classmethod
     def from_settings(cls, settings: dict, command: str = "pack") -> "PackConfig":
@@ -99,6 +107,7 @@ class PackConfig:
         check_overlong(self.overlong)
         choices = {
             "train_on": TRAIN_ON,
+            "turn_context": TURN_CONTEXTS,
             "row_order": ROW_ORDERS,
             "shard_format": SHARD_FORMATS,
             "on_error": ON_ERROR,
@@ -108,6 +117,7 @@ class PackConfig:
             "system": SYSTEM,
             "content_special_tokens": CONTENT_SPECIAL,
             "preference": PREFERENCE,
+            "reasoning": REASONING,
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -119,6 +129,10 @@ class PackConfig:
             if value is not None:
                 check_range(f"--{name.replace('_', '-')}", value, low, high)
         parse_size(self.shard_size)
+        check_date(self.date)
+        check_template_args(self.template_args)
+        if self.chat_template is not None and not (isinstance(self.chat_template, str) and self.chat_template):
+            raise ConfigError("--chat-template must name one of the tokenizer's chat templates")
         self._validate_balance()
 
     def _validate_balance(self) -> None:
@@ -310,7 +324,7 @@ def _nothing_to_pack(ledger: Ledger, sources: list[Source]) -> str:
 
 
 def _rejected(ledger: Ledger) -> np.ndarray:
-    """The numbers of the records that are not sequences (every other record is one, in order)."""
+    """The numbers of the records that are not sequences (every other record is one or more, in order)."""
     return np.flatnonzero(np.frombuffer(ledger.status, dtype=np.uint8) == REJECTED)
 
 
@@ -358,6 +372,7 @@ def _manifest(config, described: dict, ledger, sequences: int, segments, shards)
             "rejected_by_reason": dict(sorted(ledger.reasons.items())),
             "top_rejections": top_reasons(ledger.reasons, ledger.examples),
             "turns_not_located": ledger.turns_not_located,
+            **ledger.context_counts(),
             "normalized": {name: ledger.changes.get(name, 0) for name in CHANGES},
         },
         "tokens": {"total": tokens, "supervised": supervised},

@@ -1,49 +1,83 @@
 """Step 3a: render a conversation with the chat template and find the characters each turn trains.
 
-Label semantics (unshifted, Hugging Face convention: the model shifts them by one):
+The label definition (unshifted, Hugging Face convention: the model shifts them by one). Assistant
+turn *k* is trained on exactly what the model generates at inference, in exactly the context it
+sees there: its *context* is ``render(messages[:k], add_generation_prompt=True)`` and its *target*
+is what ``render(messages[:k+1])`` adds to it: the reply and the template's end-of-turn token
+(``<|eot_id|>``, ``<|im_end|>``, ``</s>``). Everything else is ``-100``. Two refinements, both
+found by probing the template once (:func:`probe_shape`), never from a list of model names:
 
-* ``train_on="assistant"`` — for assistant turn *k*, exactly the text that
-  ``render(messages[:k+1])`` adds beyond ``render(messages[:k], add_generation_prompt=True)``:
-  the reply and the template's end-of-turn token (``<|eot_id|>``, ``<|im_end|>``, ``</s>``).
-  Everything else (system, user, tool and header text) is ``-100``.
-* ``train_on="last"`` — only the final assistant turn.
-* ``train_on="all"`` — every token.
+* a generation prompt that *opens a reasoning block* (``<think>\\n``: DeepSeek-R1 distills, QwQ)
+  whose opening the assistant's own rendering does not start with: the target is the reasoning
+  and the answer as the model writes them after that prompt, ``reasoning + "\\n</think>\\n\\n" +``
+  the template's rendering of the answer (the reasoning from ``reasoning_content``, or from the
+  content up to ``</think>``);
+* a *constant tail*, text the template appends after the conversation's last message only
+  (Phi-3.5's ``<|endoftext|>``, the same on every probe): a turn with more after it is trained up
+  to its own end-of-turn token (generation stops there); the tail is trained once, at the end.
 
-Templates that rewrite earlier turns (e.g. strip reasoning from past assistant replies) are not
-prefix-stable: ``render(messages[:k+1])`` is then not a prefix of the full rendering. Rule: such a
-turn is left untrained (it is not what the model saw when it produced it) and counted in
-``turns_not_located``; a conversation in which no turn can be located is rejected. A turn whose
-prefix the template refuses to render at all (a template that needs a user message first, and a
-prefix that has none) is not located either: the definition has no value there. normalize.py's
-transforms make every prefix start with a user turn, so this is rare.
+``turn_context`` says what is done with a turn that the full rendering does not hold in its
+inference context (Qwen3 adds ``<think>\\n\\n</think>\\n\\n`` to the last assistant message only;
+DeepSeek-R1 strips reasoning from every one):
 
-Trailing non-assistant messages are dropped before rendering: they carry no label and, under
-causal attention, cannot influence any trained token.
+* ``exact`` (default): the conversation becomes the fewest sequences such that every turn is
+  trained in its inference context: greedily from the last turn backwards, the sequence that ends
+  at turn *k* is its context and target, and also trains every earlier turn whose context and
+  target it begins with. The repeated context tokens are the price (counted).
+* ``intact``: one sequence, the full rendering; only the turns it holds in their inference context
+  are trained, the others counted in ``turns_not_located``.
+* ``rendered``: one sequence, the full rendering; a turn it rewrote is trained as it is written
+  there (what trainers that label one rendering do), counted in ``turns_out_of_context``.
 
-This module is the definition: :class:`ChatTemplate` renders as transformers'
-``apply_chat_template(tokenize=False)`` does, and every prefix on its own.
-``render_onepass.py`` is an optional accelerator that gets the same prefixes out of one rendering
-per conversation; it is used only where it agrees with this reference (checked once per template),
-and the manifest says which of the two ran.
+``train_on="last"`` trains only the final assistant turn; ``train_on="all"`` every token of the
+one full rendering. A turn whose prefix the template refuses to render at all is not located:
+the definition has no value there. Trailing non-assistant messages are dropped before rendering.
+
+:class:`ChatTemplate` renders as transformers' ``apply_chat_template(tokenize=False)`` does, and
+every prefix on its own. ``render_onepass.py`` is an optional accelerator that gets the same
+prefixes out of one rendering per conversation, used only where it agrees with this reference.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+import copy
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Callable, NamedTuple
 
 from .errors import ConfigError
 from .normalize import Conversation, Rejected, template_refusal
+
+TURN_CONTEXTS = ("exact", "intact", "rendered")
 
 
 @dataclass
 class Rendered:
     text: str
     spans: list[tuple[int, int]]  # character spans that are trained
-    turns_not_located: int = 0
+    turns_not_located: int = 0  # assistant turns left untrained
     train_all: bool = False
     add_special_tokens: bool = False
     markup: list[tuple[int, int]] | None = None  # control_text.py: the template's special tokens, when content spells one
+    earlier: list["Rendered"] = field(default_factory=list)  # more sequences of this record (turn_context exact)
+    turns_out_of_context: int = 0  # trained as the full rendering writes them (turn_context rendered)
+    turns_rewritten: int = 0  # turns the full rendering does not hold as at inference (any turn_context)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What probing finds about a template (see :func:`probe_shape`)."""
+
+    tail: str = ""  # constant text appended after the conversation's last message only
+    opening: str = ""  # the reasoning block the generation prompt opens, e.g. "<think>\n"
+    closing: str = ""  # the tag that closes it, e.g. "</think>"
+
+
+class Turn(NamedTuple):
+    context: str  # what the model sees before it generates the turn
+    target: str  # what it generates, up to the end of the rendering of messages[:k+1]
+    core: str  # the target without the constant tail: what a longer sequence must hold
 
 
 def template_source(tokenizer) -> str | None:
@@ -59,14 +93,20 @@ class ChatTemplate:
 
     name = "reference"  # what the manifest records as the rendering that ran
 
-    def __init__(self, tokenizer, *, transformers: bool = False):
+    def __init__(self, tokenizer, *, transformers: bool = False, variables: dict | None = None):
         """``transformers=True``: render with transformers' own ``render_jinja_template`` (what
-        ``apply_chat_template`` calls) instead of packprep's compiled copy: an independent check."""
+        ``apply_chat_template`` calls) instead of packprep's compiled copy: an independent check.
+        ``variables``: what every rendering gets besides the messages (template_inputs.py; default:
+        the fixed default date, no template arguments)."""
+        from .template_inputs import template_variables
+
+        self.variables = template_variables() if variables is None else dict(variables)
         template = template_source(tokenizer)
         self.source = template
         self._special = dict(tokenizer.special_tokens_map)
         self._transformers = transformers
         self._compiled = self._compile(template) if template and not transformers else None
+        self._shape: Shape | None = None
         self.prefix_renders = 0  # prefixes rendered on their own
 
     @staticmethod
@@ -78,22 +118,43 @@ class ChatTemplate:
         except ImportError as exc:  # the environment, not the record: stop the run
             raise ConfigError(f"cannot render chat templates: {exc}") from exc
 
+    @property
+    def shape(self) -> Shape:
+        if self._shape is None:
+            self._shape = probe_shape(self.render)
+        return self._shape
+
     def render(self, messages: list[dict], tools: list | None, add_generation_prompt: bool = False) -> str:
         try:
             if self._transformers:
-                from transformers.utils.chat_template_utils import render_jinja_template
+                from transformers.utils.chat_template_utils import _compile_jinja_template, render_jinja_template
 
+                # transformers passes variables to the template as plain data (a function would arrive as a
+                # placeholder string), so the clock of the template it compiles and caches is set instead
+                variables = {k: v for k, v in self.variables.items() if k != "strftime_now"}
+                if "strftime_now" in self.variables:
+                    _compile_jinja_template(self.source).globals["strftime_now"] = self.variables["strftime_now"]
                 texts, _ = render_jinja_template(conversations=[messages], tools=tools, chat_template=self.source,
-                                                 add_generation_prompt=add_generation_prompt, **self._special)
+                                                 add_generation_prompt=add_generation_prompt, **self._special,
+                                                 **variables)
                 return texts[0]
             return self._compiled.render(
                 messages=messages, tools=tools, documents=None, add_generation_prompt=add_generation_prompt,
-                **self._special,
+                **self._special, **self.variables,
             )
         except Exception as exc:  # jinja raise_exception, TemplateError, TypeError from bad data
             rejected = Rejected(template_refusal(messages, exc), "template_error")
             rejected.template_error = exc  # for a reason in the whole conversation's terms (render_conversation)
             raise rejected from None
+
+    def with_variables(self, extra: dict | None) -> "ChatTemplate":
+        """This template with a record's own ``chat_template_kwargs`` on top of the run's variables."""
+        if not extra:
+            return self
+        clone = copy.copy(self)
+        clone.variables = {**self.variables, **extra}
+        clone._shape = None  # probed again: enable_thinking=false, say, changes the generation prompt
+        return clone
 
     def render_with_prefixes(self, messages: list[dict], tools: list | None) -> tuple[str, Callable[[int, bool], str]]:
         """``render(messages)``, and a function ``prefix(n, g)`` equal to
@@ -107,8 +168,99 @@ class ChatTemplate:
         return text, prefix
 
 
-def render_conversation(template: ChatTemplate, conversation: Conversation, train_on: str) -> Rendered:
-    """The conversation's text and the character spans its labels train (see the module docstring)."""
+def context_text(turn_context: str, counts: dict) -> str:
+    """One line for people (pack, stats, the dataset card): what the turn-context policy cost."""
+    extra, repeated = counts.get("extra_sequences", 0), counts.get("repeated_tokens", 0)
+    out_of_context = counts.get("turns_out_of_context", 0)
+    line = f"turn context {turn_context}: "
+    if turn_context == "rendered":
+        return line + f"{out_of_context:,} assistant turns trained as the whole conversation renders them, not as at inference"
+    if turn_context == "intact" or not extra:
+        return line + "one sequence a conversation"
+    return line + (f"{extra:,} more sequences, to train every turn in its inference context "
+                   f"({repeated:,} tokens of repeated context)")
+
+
+def _common_prefix(a: str, b: str) -> int:
+    return len(os.path.commonprefix([a, b]))
+
+
+def _cut(text: str, at: int) -> int:
+    """``at``, moved back to just after white space or a ``>``: where a tail can begin (``<|endoftext|>``
+    and ``<|user|>`` share ``<|``; the tail must not start inside a token)."""
+    while at > 0 and not text[at - 1].isspace() and text[at - 1] != ">":
+        at -= 1
+    return at
+
+
+def probe_shape(render: Callable[[list, list | None, bool], str]) -> Shape:
+    """The template's constant tail and reasoning opening, from a few probe conversations.
+
+    Tail: in ``[u, a, ..., u, a]`` the rendering of all but the last exchange is cut where it
+    parts from the whole; what it has left is the tail. It is constant only if the same text is
+    left on three probes of different lengths and contents (a tail that prints the last message,
+    or counts them, differs). Opening: the generation prompt after ``[u]`` goes on past where
+    ``[u, a]``'s rendering parts from it with exactly an opening tag ``<name>`` (and white space).
+    The cut is moved back to where a tail can begin (:func:`_cut`).
+    """
+    def probe(messages, generation=False):
+        try:
+            return render(messages, None, generation)
+        except Rejected:
+            return None
+
+    tails = set()
+    for n in (2, 3, 4):
+        messages = [{"role": role, "content": f"{role[0]} probe {n}{i}"} for i in range(n) for role in ("user", "assistant")]
+        first, whole = probe(messages[: 2 * n - 2]), probe(messages)
+        if first is None or whole is None:
+            break
+        tails.add(first[_cut(first, _common_prefix(first, whole)):] if not whole.startswith(first) else "")
+    tail = tails.pop() if len(tails) == 1 else ""
+    user = {"role": "user", "content": "u probe"}
+    prompt, reply = probe([user], True), probe([user, {"role": "assistant", "content": "a probe"}])
+    if prompt is None or reply is None or reply.startswith(prompt):
+        return Shape(tail)
+    match = re.fullmatch(r"<([A-Za-z][\w-]*)>\s*", prompt[_common_prefix(prompt, reply):])
+    if not match:
+        return Shape(tail)
+    opening, closing = match.group(0), f"</{match.group(1)}>"
+    thought = {"role": "assistant", "content": f"{opening}r probe{closing}a probe"}
+    history = probe([user, thought, user])  # the template knows the block: it strips it from past replies
+    if history is None or "r probe" in history or "a probe" not in history:
+        return Shape(tail)
+    return Shape(tail, opening, closing)
+
+
+def _reasoning(message: dict, shape: Shape) -> str:
+    """The turn's reasoning: ``reasoning_content``, else the content up to the closing tag."""
+    reasoning = message.get("reasoning_content")
+    if isinstance(reasoning, str):
+        return reasoning
+    content = message.get("content")
+    if isinstance(content, str) and shape.closing in content:
+        return content.split(shape.closing)[0].split(shape.opening.strip())[-1]
+    return ""
+
+
+def inference_turn(before: str, after: str, message: dict, shape: Shape) -> Turn | None:
+    """Turn *k*'s context and target from ``before`` (``render(messages[:k], True)``) and
+    ``after`` (``render(messages[:k+1])``); None where the definition has no value."""
+    if after.startswith(before):
+        target = after[len(before):]
+    elif shape.opening and before.endswith(shape.opening) and after.startswith(before[: -len(shape.opening)]):
+        answer = after[len(before) - len(shape.opening):]
+        target = _reasoning(message, shape).strip("\n") + "\n" + shape.closing + "\n\n" + answer.lstrip("\n")
+    else:
+        return None
+    tail = shape.tail
+    core = target[: -len(tail)] if tail and target.endswith(tail) and len(target) > len(tail) else target
+    return Turn(before, target, core)
+
+
+def render_conversation(template: ChatTemplate, conversation: Conversation, train_on: str,
+                        turn_context: str = "exact") -> Rendered:
+    """The conversation's sequences and the character spans their labels train (see the module docstring)."""
     if conversation.text is not None:
         return Rendered(conversation.text, [], train_all=True, add_special_tokens=True)
     if not template.source:
@@ -126,31 +278,84 @@ def render_conversation(template: ChatTemplate, conversation: Conversation, trai
     full, prefix = template.render_with_prefixes(messages, conversation.tools)
     if train_on == "last":
         assistant_turns = assistant_turns[-1:]
-    spans = []
-    not_located = 0
-    refused = None  # why the template refused a prefix the definition needs
+    pairs: dict[int, tuple[str, str]] = {}  # k -> (context, rendering of messages[:k+1])
+    not_located, refused = 0, None  # refused: why the template refused a prefix the definition needs
     for k in assistant_turns:
         try:
-            before = prefix(k, True)
-            after = full if k == len(messages) - 1 else prefix(k + 1, False)
+            pairs[k] = prefix(k, True), full if k == len(messages) - 1 else prefix(k + 1, False)
         except Rejected as exc:  # the definition cannot be evaluated for this turn: not located
             not_located, refused = not_located + 1, refused or (k, getattr(exc, "template_error", exc))
-            continue
-        if full.startswith(after) and after.startswith(before):
-            if len(after) > len(before):
-                spans.append((len(before), len(after)))
-        else:
-            not_located += 1
-    if not spans:
+    if all(after.startswith(before) and full.startswith(after) for before, after in pairs.values()):
+        # every turn held as at inference (most templates): the full rendering is the one sequence
+        spans = [(len(before), len(after)) for before, after in pairs.values() if len(after) > len(before)]
+        sequences, untrained, out_of_context, rewritten = [(full, spans)], 0, 0, 0
+    else:
+        turns = {k: turn for k, (before, after) in pairs.items()
+                 if (turn := inference_turn(before, after, messages[k], template.shape)) is not None}
+        not_located += len(pairs) - len(turns)
+        sequences, untrained, out_of_context, rewritten = _sequences(full, turns, turn_context)
+    if not any(spans for _, spans in sequences):
         if refused:
             k, error = refused
             raise Rejected(f"{template_refusal(messages, error)} (it refused the messages before assistant "
                            f"message {k}, so no assistant turn could be located)", "template_error")
-        if not_located:
+        if not_located or untrained:
             raise Rejected(
                 "chat template rewrites earlier turns and no assistant turn could be located "
                 "(the rendering of a prefix is not a prefix of the full rendering)",
                 "template_not_prefix_stable",
             )
         raise Rejected("assistant turns render to no tokens", "no_supervised_tokens")
-    return Rendered(full, spans, not_located)
+    (text, spans), earlier = sequences[0], [Rendered(t, s) for t, s in reversed(sequences[1:])]
+    return Rendered(text, spans, not_located + untrained, earlier=earlier, turns_out_of_context=out_of_context,
+                    turns_rewritten=rewritten)
+
+
+def _begins(text: str, turn: Turn) -> bool:
+    """Whether ``text`` begins with the turn's context and target (tail left out)."""
+    return text.startswith(turn.context) and text.startswith(turn.core, len(turn.context))
+
+
+def _span(text: str, turn: Turn) -> tuple[int, int]:
+    """Where ``turn`` is trained in ``text``, a sequence that begins with its context and core."""
+    whole = len(text) == len(turn.context) + len(turn.target) and text.endswith(turn.target)
+    return len(turn.context), len(turn.context) + len(turn.target if whole else turn.core)
+
+
+def _sequences(full: str, turns: dict[int, Turn], policy: str):
+    """([(text, spans)], turns untrained, turns trained out of context, turns the full rendering
+    does not hold as at inference): the last sequence first."""
+    held = {k for k, turn in turns.items() if _begins(full, turn)}
+    rewritten = len(turns) - len(held)
+    if policy != "exact":
+        spans = [_span(full, turns[k]) for k in sorted(held)]
+        found = [] if policy == "intact" else [s for k in sorted(set(turns) - held)
+                                                if (s := _as_rendered(full, turns[k])) is not None]
+        spans = sorted(s for s in spans + found if s[1] > s[0])
+        return [(full, spans)], rewritten - len(found), len(found), rewritten
+    left, sequences = sorted(turns), []
+    while left:
+        last = turns[left[-1]]
+        whole = left[-1] in held and len(last.context) + len(last.target) == len(full)
+        text = full if whole else last.context + last.target  # the full rendering, where it ends with the last turn
+        covered = [k for k in left if k in held] if whole else [k for k in left if _begins(text, turns[k])]
+        spans = [s for k in covered if (s := _span(text, turns[k]))[1] > s[0]]
+        if spans:  # turns that render to no text train nothing: no sequence for them alone
+            sequences.append((text, spans))
+        left = [k for k in left if k not in covered]
+    return sequences or [(full, [])], 0, 0, rewritten
+
+
+def _as_rendered(full: str, turn: Turn) -> tuple[int, int] | None:
+    """Where the full rendering writes a turn it rewrote: from where its context parts from the
+    full rendering, the longest end of its target that the full rendering holds there."""
+    start = _common_prefix(turn.context, full)
+    if start >= len(full):
+        return None
+    core, first = turn.core, full[start]
+    i = core.find(first)
+    while i != -1:
+        if full.startswith(core[i:], start):
+            return start, start + len(core) - i
+        i = core.find(first, i + 1)
+    return None

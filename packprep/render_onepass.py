@@ -253,16 +253,16 @@ def _watchable(environment, source: str) -> _Watch | None:
     return _Watch(template, tails, template.root_render_func.__code__.co_filename, LoopContext.__next__.__code__)
 
 
-def choose_template(tokenizer) -> ChatTemplate:
+def choose_template(tokenizer, variables: dict | None = None) -> ChatTemplate:
     """The one-pass template where it can be built and agrees with the reference on :data:`PROBES`;
     else the reference :class:`ChatTemplate`, with a warning saying why it is slower."""
     import warnings
 
-    reference = ChatTemplate(tokenizer)
+    reference = ChatTemplate(tokenizer, variables=variables)
     if not reference.source:
         return reference  # nothing to render (plain text only)
     try:
-        fast = OnePassTemplate(tokenizer)
+        fast = OnePassTemplate(tokenizer, variables)
         for messages in PROBES:
             for train_on in ("assistant", "all"):
                 if _outcome(fast, messages, train_on) != _outcome(reference, messages, train_on):
@@ -280,7 +280,8 @@ def _outcome(template: ChatTemplate, messages: list[dict], train_on: str):
         rendered = render_conversation(template, Conversation(messages=messages), train_on)
     except Rejected as exc:
         return exc.code, str(exc)
-    return rendered.text, rendered.spans, rendered.turns_not_located
+    return (rendered.text, rendered.spans, rendered.turns_not_located, rendered.turns_out_of_context,
+            [(r.text, r.spans) for r in rendered.earlier])
 
 
 class OnePassTemplate(ChatTemplate):
@@ -289,8 +290,8 @@ class OnePassTemplate(ChatTemplate):
 
     name = "one-pass"
 
-    def __init__(self, tokenizer):
-        super().__init__(tokenizer)  # compiles the template, once, with _compile below
+    def __init__(self, tokenizer, variables: dict | None = None):
+        super().__init__(tokenizer, variables=variables)  # compiles the template, once, with _compile below
         try:
             self._watch = _watchable(self._compiled.environment, self.source)
         except Exception as exc:  # Jinja's internals are not what the watch relies on
@@ -327,7 +328,7 @@ class OnePassTemplate(ChatTemplate):
         """The rendering and its cuts; no cuts where the loop's end could not be vouched for."""
         reads = _Reads()
         context = watch.template.new_context({"messages": _Messages(messages, reads), "tools": tools,
-                                              **self._variables})
+                                              **self._variables, **self.variables})
         parts = []
         try:
             for part in watch.template.root_render_func(context):

@@ -3,9 +3,10 @@
 A random sample of N packed sequences is rebuilt from the input records the manifest names, with
 nothing the writer's fast paths use: the tokenizer loaded by transformers itself (no tiktoken, no
 folder loader), the chat template rendered by transformers' own renderer (what
-``apply_chat_template`` calls), every prefix on its own (the label definition in render.py, no one-pass accelerator), and tokens mapped
-to labels from their character offsets. Each sampled sequence's ``input_ids`` must be a slice of
-that re-tokenization (the whole of it, its first ``max_len`` tokens, or a piece of it) and its
+``apply_chat_template`` calls), every prefix on its own (the label definition in render.py, under
+the manifest's ``turn_context``; no one-pass accelerator), and tokens mapped to labels from their
+character offsets. Each sampled sequence's ``input_ids`` must be a slice of one of its record's
+re-made sequences (the whole of it, its first ``max_len`` tokens, or a piece of it) and its
 labels the same slice of the re-made labels, with ``-100`` at the sequence's first token.
 """
 
@@ -23,6 +24,7 @@ from .read import file_sha256, resolve_inputs, stream_records
 from .control_text import ControlText
 from .encode import chosen_record
 from .render import ChatTemplate, Rendered, render_conversation
+from .template_inputs import DEFAULT_DATE, prepare_template
 from .tokenize import load_tokenizer
 
 
@@ -46,20 +48,23 @@ def retokenize_check(folder: Path, manifest: dict, n: int, seed: int = 0) -> tup
     records = _records(manifest, sorted({s.source_index for s in sample}))
     config = manifest["config"]
     tokenizer = load_tokenizer(manifest["tokenizer"]["name_or_path"], transformers=True)
-    template = ChatTemplate(tokenizer, transformers=True)
+    variables = prepare_template(tokenizer, config.get("chat_template"), config.get("date", DEFAULT_DATE),
+                                 config.get("template_args"))
+    template = ChatTemplate(tokenizer, transformers=True, variables=variables)
     fields = FieldNames(config.get("messages_field"), config.get("text_field", "text"))
     policies = (config.get("leading_assistant", "drop"), config.get("consecutive", "merge"))
-    policy = fit_to_template(template.render, *policies, config.get("system", "auto")) if template.source \
-        else Policy(*policies)  # fitted to the template as pack fits it, here through transformers' renderer
+    policy = fit_to_template(template.render, *policies, config.get("system", "auto"), config.get("reasoning", "inline")) \
+        if template.source else Policy(*policies)  # fitted as pack fits it, here through transformers' renderer
     # text spelling a control token: found as pack finds it, tokenized here by transformers (split_special_tokens)
     control = ControlText(tokenizer) if config.get("content_special_tokens", "special") == "text" else None
-    remade: dict[int, tuple[np.ndarray, np.ndarray] | str] = {}
+    remade: dict[int, list[tuple[np.ndarray, np.ndarray]] | str] = {}
+    settings = (config["train_on"], config.get("turn_context", "intact"), control,  # before turn_context: intact
+                config.get("preference") == "chosen")
     failures = []
     for seq in sample:
         if seq.source_index not in remade:
             remade[seq.source_index] = _remake(records[seq.source_index], fields, policy, config.get("format"), template,
-                                               tokenizer, config["train_on"], control,
-                                               config.get("preference") == "chosen")
+                                               tokenizer, *settings)
         problem = _compare(seq, remade[seq.source_index])
         if problem:
             where = records[seq.source_index][0]
@@ -129,9 +134,9 @@ def _records(manifest: dict, wanted: list[int]) -> dict[int, tuple[str, object, 
     return found
 
 
-def _remake(found, fields, policy, forced, template, tokenizer, train_on, control,
-            chosen: bool) -> tuple[np.ndarray, np.ndarray] | str:
-    """(ids, labels) of the record as the definition makes them, or why they cannot be made."""
+def _remake(found, fields, policy, forced, template, tokenizer, train_on, turn_context, control,
+            chosen: bool) -> list[tuple[np.ndarray, np.ndarray]] | str:
+    """(ids, labels) of each of the record's sequences as the definition makes them, or why they cannot be made."""
     _, data, fmt = found
     if data is None:
         return fmt  # why it could not be read
@@ -140,13 +145,16 @@ def _remake(found, fields, policy, forced, template, tokenizer, train_on, contro
     fmt = forced or detect_format(data, fields) or fmt.split("+")[0]  # told per record, as pack tells it
     try:
         conversation = normalize(data, fmt, fields, policy)
-        if control is not None and control.spells(conversation):
-            rendered = control.render(lambda c: render_conversation(template, c, train_on), conversation)
-        else:
-            rendered = render_conversation(template, conversation, train_on)
+        template = template.with_variables(conversation.template_kwargs)
+
+        def render(c):
+            return render_conversation(template, c, train_on, turn_context)
+
+        rendered = control.render(render, conversation) if control is not None and control.spells(conversation) \
+            else render(conversation)
     except Rejected as exc:
         return f"the record is rejected when rendered again ({exc})"
-    return _labelled(rendered, tokenizer)
+    return [_labelled(r, tokenizer) for r in (*rendered.earlier, rendered)]
 
 
 def _labelled(rendered: Rendered, tokenizer) -> tuple[np.ndarray, np.ndarray]:
@@ -188,9 +196,16 @@ def _markup_encoding(rendered: Rendered, tokenizer) -> dict:
 
 
 def _compare(seq: Sampled, remade) -> str | None:
+    """None if ``seq`` is a slice of one of the record's re-made sequences, else the first difference."""
     if isinstance(remade, str):
         return remade
-    ids, labels = remade
+    problems = [_compare_one(seq, ids, labels) for ids, labels in remade]
+    if None in problems:
+        return None
+    return next((p for p in problems if "not a slice" not in p), problems[-1])  # the nearest miss
+
+
+def _compare_one(seq: Sampled, ids: np.ndarray, labels: np.ndarray) -> str | None:
     n = seq.length
     offsets = [o for o in np.flatnonzero(ids[: len(ids) - n + 1] == seq.input_ids[0]).tolist()
                if np.array_equal(ids[o : o + n], seq.input_ids)]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -21,7 +21,7 @@ from .errors import ConfigError, PackprepError
 from .layout import IGNORE_INDEX
 from .timelimit import RenderTimeout, time_limit
 from .normalize import Conversation, Rejected
-from .render import Rendered, render_conversation, template_source
+from .render import TURN_CONTEXTS, Rendered, render_conversation, template_source
 from .render_onepass import choose_template
 
 TRAIN_ON = ("assistant", "last", "all")
@@ -31,10 +31,25 @@ GUARD_CHARS = 200_000  # the first texts encoded are also encoded by HF and comp
 
 @dataclass
 class Encoded:
+    """A record's tokens: its last (usually only) sequence, and any earlier ones (render.py, turn_context exact)."""
+
     input_ids: np.ndarray  # int32
     labels: np.ndarray  # int32, IGNORE_INDEX where not trained
     turns_not_located: int = 0
     control_text: bool = False  # its content spells a control token, encoded as text (control_text.py)
+    earlier: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)  # (input_ids, labels) each
+    turns_out_of_context: int = 0
+    turns_rewritten: int = 0
+
+    @property
+    def sequences(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Every sequence of the record, in conversation order (the last is the longest context)."""
+        return [*self.earlier, (self.input_ids, self.labels)]
+
+    @property
+    def repeated_tokens(self) -> int:
+        """Tokens beyond one sequence a record: the price of training every turn in its context."""
+        return sum(len(ids) for ids, _ in self.earlier)
 
 
 def load_tokenizer(name_or_path: str, *, transformers: bool = False):
@@ -98,12 +113,15 @@ class ChatEncoder:
     use HF from the start.
     """
 
-    def __init__(self, tokenizer, train_on: str = "assistant", backend: str = "auto", content_special: str = "text",
-                 render_timeout: float | None = None):
+    def __init__(self, tokenizer, train_on: str = "assistant", backend: str = "auto", variables: dict | None = None,
+                 turn_context: str = "exact", content_special: str = "text", render_timeout: float | None = None):
         if content_special not in MODES:
             raise ConfigError(f"--content-special-tokens must be one of {', '.join(MODES)}, not {content_special!r}")
         if train_on not in TRAIN_ON:
             raise ConfigError(f"--train-on must be one of {TRAIN_ON}, not {train_on!r}")
+        if turn_context not in TURN_CONTEXTS:
+            raise ConfigError(f"--turn-context must be one of {TURN_CONTEXTS}, not {turn_context!r}")
+        self.turn_context = turn_context
         if backend not in BACKENDS:
             raise ConfigError(f"--tokenizer-backend must be one of {BACKENDS}, not {backend!r}")
         self.tokenizer = tokenizer
@@ -112,7 +130,8 @@ class ChatEncoder:
             tokenizer.hash_in_background()  # the cache key, hashed while the template compiles
         self.render_timeout = render_timeout  # seconds a record's rendering may take (timelimit.py)
         with self.probing(tokenizer):
-            self.template = choose_template(tokenizer)  # the one-pass accelerator where it agrees with the reference
+            # the one-pass accelerator where it agrees with the reference; variables: template_inputs.py
+            self.template = choose_template(tokenizer, variables)
         self.requested_backend = backend
         self._fast = None
         self._guard_chars = GUARD_CHARS
@@ -196,9 +215,14 @@ class ChatEncoder:
                            "(--render-timeout)", "render_timeout") from None
 
     def _render(self, conversation: Conversation) -> Rendered:
+        template = self.template.with_variables(conversation.template_kwargs)
+
+        def render(c: Conversation) -> Rendered:
+            return render_conversation(template, c, self.train_on, self.turn_context)
+
         if self._control is not None and self._control.spells(conversation):
-            return self._control.render(lambda c: render_conversation(self.template, c, self.train_on), conversation)
-        return render_conversation(self.template, conversation, self.train_on)
+            return self._control.render(render, conversation)
+        return render(conversation)
 
     def encode(self, conversations: Sequence[Conversation]) -> list[Encoded | Rejected]:
         """Encode a batch; a conversation that cannot be encoded becomes a ``Rejected`` in place."""
@@ -211,7 +235,19 @@ class ChatEncoder:
                 where.append(position)
             except Rejected as exc:
                 results[position] = exc
-        for position, item in zip(where, self._tokenize(rendered)):
+        flat = [piece for r in rendered for piece in (*r.earlier, r)]
+        labelled = iter(self._tokenize(flat))
+        for position, r in zip(where, rendered):
+            pieces = [next(labelled) for _ in range(len(r.earlier) + 1)]
+            # a sequence that trains nothing once packed (its first label is -100) is left out, its turns counted
+            kept = [e for e in pieces if isinstance(e, Encoded)]
+            if not kept:
+                results[position] = pieces[-1]
+                continue
+            item = kept[-1]
+            item.earlier = [(e.input_ids, e.labels) for e in kept[:-1]]
+            item.turns_not_located = r.turns_not_located + len(pieces) - len(kept)
+            item.turns_out_of_context, item.turns_rewritten = r.turns_out_of_context, r.turns_rewritten
             results[position] = item
         return results
 
@@ -236,7 +272,7 @@ class ChatEncoder:
             elif not trained:
                 out.append(Rejected("no supervised token (every label is -100)", "no_supervised_tokens"))
             else:
-                out.append(Encoded(ids, labels, r.turns_not_located, r.markup is not None))
+                out.append(Encoded(ids, labels, control_text=r.markup is not None))
         return out
 
     def _ids_and_cuts(self, rendered: list[Rendered]) -> list[tuple[np.ndarray, list[int]]]:

@@ -20,10 +20,10 @@ import hashlib
 import json
 import os
 import threading
-from datetime import datetime
 from pathlib import Path
 
 from .errors import ConfigError
+from .template_inputs import DEFAULT_DATE, FixedClock, check_date, named_templates
 
 # Classes that, in transformers 4.45+ and 5.x, load tokenizer.json as it is and add nothing of their
 # own to encoding (held to transformers by tests for every fixture). A class outside this list (e.g.
@@ -74,8 +74,9 @@ class FolderTokenizer:
             name: _content(special[name]) for name in SPECIAL_TOKENS if _content(special.get(name)) is not None
         }
         template_file = folder / "chat_template.jinja"
-        self.chat_template = (
-            template_file.read_text(encoding="utf-8") if template_file.is_file() else config.get("chat_template")
+        self.chat_template = (  # several named templates: {name: template}, as transformers holds them
+            template_file.read_text(encoding="utf-8") if template_file.is_file()
+            else named_templates(config.get("chat_template"))
         )
 
     @property
@@ -150,7 +151,7 @@ def compile_template(template: str):
 
     Mirrors ``transformers.utils.chat_template_utils._compile_jinja_template`` (trim_blocks,
     lstrip_blocks, loop controls, the ``generation`` tag, ``tojson`` without HTML escaping,
-    ``raise_exception``, ``strftime_now``, a restricted ``dict`` and ``namespace``).
+    ``raise_exception``, ``strftime_now`` (of a fixed date, not the clock), a restricted ``dict`` and ``namespace``).
     """
     import jinja2
     from jinja2.ext import Extension, loopcontrols
@@ -174,9 +175,6 @@ def compile_template(template: str):
 
     def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-    def strftime_now(format):
-        return datetime.now().strftime(format)
 
     class TemplateDict:
         def __call__(self, *args, **kwargs):
@@ -205,7 +203,7 @@ def compile_template(template: str):
     environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols])
     environment.filters["tojson"] = tojson
     environment.globals["raise_exception"] = raise_exception
-    environment.globals["strftime_now"] = strftime_now
+    environment.globals["strftime_now"] = FixedClock(check_date(DEFAULT_DATE))  # never the clock: template_inputs.py
     environment.globals["dict"] = TemplateDict()
     environment.globals["namespace"] = TemplateNamespace
     return environment.from_string(template)

@@ -47,3 +47,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.module.__name__.rpartition(".")[2] in SLOW_MODULES or item.originalname in SLOW_TESTS:
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(scope="session")
+def template_folder(tmp_path_factory):
+    """``template_folder("qwen3")``: the path of that family's tokenizer folder (tests/template_folders.py)."""
+    from .template_folders import build_folder
+
+    root = tmp_path_factory.mktemp("template-folders")
+    built = {}
+
+    def get(name: str) -> str:
+        if name not in built:
+            built[name] = str(build_folder(name, root / name))
+        return built[name]
+
+    return get

@@ -2,7 +2,9 @@
 
 The reference of truth: for assistant turn k, the labels are the tokens of
 ``render(messages[:k+1])`` beyond ``render(messages[:k], add_generation_prompt=True)``, read
-positionally (``B[len(A):]``). Where a token straddles the prompt/reply boundary (Mistral v0.1
+positionally (``B[len(A):]``). The fixture templates render every turn of the whole conversation as
+at inference, so each conversation is one sequence (tests/test_turn_context.py covers templates
+that do not). Where a token straddles the prompt/reply boundary (Mistral v0.1
 renders ``[/INST]`` straight against the reply, and ``]`` merges with the reply's first
 character), that token sits at position ``len(A) - 1`` and so belongs to the prompt: not trained.
 packprep computes the same labels from one rendering and one tokenizer call per conversation.
@@ -84,6 +86,7 @@ def test_labels_equal_the_per_prefix_reference(tokenizer_name):
                 assert isinstance(encoded, Rejected), f"{name}: reference refuses, packprep packed it"
                 continue
             assert isinstance(encoded, Encoded), f"{name}: packprep rejected {encoded}"
+            assert not encoded.earlier and not encoded.turns_rewritten, "one sequence, every turn as at inference"
             if encoded.control_text:  # content spelling a control token is text (test_control_text.py)
                 contents = [m["content"] for m in conversation.messages if isinstance(m.get("content"), str)]
                 ids = [oracle_ids(tok, text, contents) for text in texts]
@@ -139,25 +142,37 @@ STRIPPING_TEMPLATE = (
 )
 
 
-def test_a_template_that_rewrites_earlier_turns_trains_only_located_turns():
-    """The documented rule: a turn whose rendering is rewritten later is left untrained and counted."""
+def test_a_template_that_rewrites_earlier_turns_trains_each_turn_in_its_own_context():
+    """turn_context exact (the default): a turn the full rendering rewrites gets a sequence of its own,
+    ending with it, as the model saw its context; intact (the behaviour before) leaves it untrained,
+    counted; rendered trains it as the full rendering writes it, counted."""
     from .conftest import EXAMPLE_TOKENIZER
 
     tok = load_tokenizer(str(EXAMPLE_TOKENIZER))
     tok.chat_template = STRIPPING_TEMPLATE
-    encoder = ChatEncoder(tok)
     conversation = Conversation(messages=[
         {"role": "user", "content": "one"},
         {"role": "assistant", "content": "<think>hmm</think>first"},
         {"role": "user", "content": "two"},
         {"role": "assistant", "content": "<think>ok</think>second"},
     ])
-    encoded = encoder.encode([conversation])[0]
-    assert encoded.turns_not_located == 1
-    trained = tok.decode([t for t, label in zip(encoded.input_ids, encoded.labels) if label != -100])
-    assert trained == "<think>ok</think>second<|im_end|>\n"
+
+    def trained(ids, labels):
+        return tok.decode([t for t, label in zip(ids, labels) if label != -100])
+
+    exact = ChatEncoder(tok).encode([conversation])[0]
+    assert [trained(*s) for s in exact.sequences] == ["<think>hmm</think>first<|im_end|>\n",
+                                                        "<think>ok</think>second<|im_end|>\n"]
+    assert tok.decode(exact.sequences[0][0]).endswith("first<|im_end|>\n")  # it ends with its turn
+    assert (exact.turns_not_located, exact.turns_rewritten, exact.repeated_tokens) == (0, 1, len(exact.earlier[0][0]))
+    intact = ChatEncoder(tok, turn_context="intact").encode([conversation])[0]
+    assert intact.turns_not_located == 1 and len(intact.sequences) == 1
+    assert trained(intact.input_ids, intact.labels) == "<think>ok</think>second<|im_end|>\n"
+    rendered = ChatEncoder(tok, turn_context="rendered").encode([conversation])[0]
+    assert (rendered.turns_not_located, rendered.turns_out_of_context) == (0, 1)
+    assert trained(rendered.input_ids, rendered.labels) == "first<|im_end|>\n<think>ok</think>second<|im_end|>\n"
     only_rewritten = Conversation(messages=conversation.messages[:2] + [{"role": "user", "content": "x"}])
-    assert encoder.encode([only_rewritten])[0].turns_not_located == 0  # trailing user turn dropped: last is located
+    assert ChatEncoder(tok).encode([only_rewritten])[0].turns_rewritten == 0  # trailing user turn dropped
 
 
 def test_a_conversation_trained_only_at_its_first_token_is_rejected():

@@ -3,7 +3,8 @@
 render.py cuts ``render(messages[:n], add_generation_prompt=g)`` out of one watched rendering when
 it can vouch for it. Here each template is written to tempt a wrong cut (looking ahead, counting
 messages, printing them, a tail that is not constant...) and the spans are compared with the
-definition: every prefix rendered by transformers' own chat-template renderer.
+definition: every prefix rendered by transformers' own chat-template renderer
+(tests/reference_labels.py).
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from transformers.utils.chat_template_utils import render_jinja_template
 
 import packprep
 from packprep.normalize import Conversation, Rejected
@@ -21,6 +21,7 @@ from packprep.tokenize import ChatEncoder, load_tokenizer
 
 from .conftest import EXAMPLE_CHATS, EXAMPLE_TOKENIZER, fixture_tokenizer, needs_fixtures
 from .conftest import FIXTURES
+from .reference_labels import exact_sequences, renderer, turn_targets
 from .test_labels_reference import FILES, conversations
 
 TOKENIZERS_PRESENT = FIXTURES.is_dir()
@@ -97,36 +98,23 @@ TEMPLATES = {
 }
 
 
-def reference(tok, messages: list[dict]) -> tuple[str, list[tuple[int, int]], int] | str:
-    """The definition, through the public API: (text, spans, turns not located), or the error. A turn
-    whose prefix the template refuses is not located; the conversation is refused if no turn is."""
+def reference(tok, messages: list[dict]):
+    """The definition, through transformers' renderer (tests/reference_labels.py): ([(text, spans)] of
+    each sequence, turns not located), or the error. A turn whose prefix the template refuses is not
+    located; the conversation is refused if no turn is. None of these templates has a constant tail
+    or opens a reasoning block."""
     turns = [k for k, m in enumerate(messages) if m["role"] == "assistant"]
     messages = messages[: turns[-1] + 1]
-
-    def render(prefix, generation=False):  # apply_chat_template's renderer: it also takes the empty prefix
-        texts, _ = render_jinja_template(conversations=[prefix], chat_template=tok.chat_template,
-                                         add_generation_prompt=generation, **tok.special_tokens_map)
-        return texts[0]
-
+    render = renderer(tok)  # apply_chat_template's renderer: it also takes the empty prefix
     try:
-        full = render(messages)
+        render(messages)
     except Exception as exc:
         return exc
-    spans, not_located, refused = [], 0, None
-    for k in turns:
-        try:
-            before, after = render(messages[:k], True), render(messages[: k + 1])
-        except Exception as exc:  # a prefix the template refuses: the turn cannot be located
-            not_located, refused = not_located + 1, refused or exc
-            continue
-        if full.startswith(after) and after.startswith(before):
-            if len(after) > len(before):
-                spans.append((len(before), len(after)))
-        else:
-            not_located += 1
-    if refused is not None and not spans:
+    found, missing, refused = turn_targets(render, messages)
+    sequences = exact_sequences(found)
+    if refused is not None and not sequences:
         return refused
-    return full, spans, not_located
+    return sequences, missing
 
 
 def ours(encoder, messages):
@@ -134,7 +122,7 @@ def ours(encoder, messages):
         rendered = encoder.render(Conversation(messages=messages))
     except Rejected as exc:
         return exc
-    return rendered.text, rendered.spans, rendered.turns_not_located
+    return [(r.text, r.spans) for r in (*rendered.earlier, rendered)], rendered.turns_not_located
 
 
 @pytest.fixture(scope="module")
@@ -165,7 +153,7 @@ def assert_agrees(got, expected):
         else:  # an error inside the template's code ("list object has no element 0") is not
             assert len(str(expected)) < 4 or str(expected) not in str(got)
     elif isinstance(got, Rejected):  # no turn located, or nothing to train: the reference agrees
-        assert not expected[1], (expected, got)
+        assert not expected[0], (expected, got)
     else:
         assert got == expected
 

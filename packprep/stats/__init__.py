@@ -42,7 +42,7 @@ from ..encode import Encoding, Ledger, top_reasons
 from ..engines import make_engine
 from ..errors import ConfigError
 from ..normalize import CHANGES
-from .collect import collect_folder, collect_inputs, distribution, log_histogram
+from .collect import collect_folder, collect_inputs, distribution, log_histogram, turn_context_costs
 from .mixture import mixture_what_if
 from .plot import plot, require_matplotlib
 from .report import render_text
@@ -122,6 +122,7 @@ def stats(
     else:  # the training split the mixture makes at each max_len
         mixed, table = mixture_what_if(mixture, collected, tally, sources, list(max_lens), list(strategies), **plan)
     rejected = sum(tally.reasons.values())
+    policies = turn_context_costs(encoding, tally, collected, engine, progress)
     return {
         "kind": "inputs",
         "inputs": [{"path": s.path, "format": tally.formats_seen(number, f), "records": s.records}
@@ -129,11 +130,13 @@ def stats(
         "tokenizer": tokenizer,
         "train_on": config.train_on,
         "records": len(tally.status),
-        "conversations": int(len(lengths)),
+        "conversations": int(len(turns)),
+        "sequences": int(len(lengths)),
         "rejected": rejected,
         "rejected_by_reason": dict(sorted(tally.reasons.items())),
         "top_rejections": top_reasons(tally.reasons, tally.examples),
         "turns_not_located": tally.turns_not_located,
+        "turn_context": {"policy": config.turn_context, **tally.context_counts(), "policies": policies},
         "normalized": {name: tally.changes.get(name, 0) for name in CHANGES},
         "tokens": {"total": int(lengths.sum()), "supervised": int(supervised.sum())},
         "distribution": {

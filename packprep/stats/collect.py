@@ -27,11 +27,11 @@ if TYPE_CHECKING:  # pragma: no cover
 
 @dataclass
 class InputLengths:
-    """Per accepted conversation, in input order."""
+    """Per sequence (per accepted conversation, but for those trained as several), in input order."""
 
     lengths: np.ndarray  # tokens
     supervised: np.ndarray  # trained labels, position 0 not counted
-    turns: np.ndarray  # messages (a plain-text record counts as 1)
+    turns: np.ndarray  # messages of each accepted conversation (a plain-text record counts as 1)
     within: dict[int, np.ndarray]  # per max_len L: supervised tokens within the first L tokens
     masked: dict[int, np.ndarray]  # per max_len L: trained labels at L, 2L, ... (first labels of pieces)
 
@@ -70,19 +70,20 @@ class LengthSink:
             if item is None:
                 continue
             ledger.keep(conversation, item)
-            trained = item.labels != IGNORE_INDEX
-            trained[0] = False  # a packed sequence's first label is always -100
-            cumulative = np.cumsum(trained, dtype=np.int64)
-            n = len(item.input_ids)
-            tokens += n
-            self.lengths.append(n)
-            self.supervised.append(int(cumulative[-1]))
             self.turns.append(len(conversation.messages) if conversation.messages is not None else 1)
-            # supervised tokens that survive truncation to each max_len
-            for m, value in zip(self.max_lens, cumulative[np.minimum(probes, n) - 1].tolist()):
-                self.within[m].append(value)
-                # trained labels at L, 2L, ...: the first labels of its pieces under split
-                self.masked[m].append(int(trained[m::m].sum()) if n > m else 0)
+            for ids, labels in item.sequences:  # a conversation may be several sequences (turn_context exact)
+                trained = labels != IGNORE_INDEX
+                trained[0] = False  # a packed sequence's first label is always -100
+                cumulative = np.cumsum(trained, dtype=np.int64)
+                n = len(ids)
+                tokens += n
+                self.lengths.append(n)
+                self.supervised.append(int(cumulative[-1]))
+                # supervised tokens that survive truncation to each max_len
+                for m, value in zip(self.max_lens, cumulative[np.minimum(probes, n) - 1].tolist()):
+                    self.within[m].append(value)
+                    # trained labels at L, 2L, ...: the first labels of its pieces under split
+                    self.masked[m].append(int(trained[m::m].sum()) if n > m else 0)
         return tokens
 
     def finish(self) -> InputLengths:
@@ -90,6 +91,39 @@ class LengthSink:
         return InputLengths(as_array(self.lengths), as_array(self.supervised), as_array(self.turns),
                             {m: as_array(v) for m, v in self.within.items()},
                             {m: as_array(v) for m, v in self.masked.items()})
+
+
+def turn_context_costs(encoding: Encoding, ledger: Ledger, collected: InputLengths, engine: "Engine",
+                       progress: bool = False) -> dict[str, dict]:
+    """What each ``--turn-context`` policy gives on these inputs: sequences, tokens, supervised
+    tokens, turns left untrained or trained out of their inference context. Where the template's
+    whole rendering holds every turn as at inference (``turns_rewritten`` 0), the policies agree
+    and the inputs are encoded once; else once more for each other policy."""
+    import copy
+    from dataclasses import replace
+
+    from ..render import TURN_CONTEXTS
+
+    def row(lengths: InputLengths, tally: Ledger) -> dict:
+        return {"conversations": len(lengths.turns), "sequences": len(lengths.lengths),
+                "tokens": int(lengths.lengths.sum()), "supervised": int(lengths.supervised.sum()),
+                "rejected": sum(tally.reasons.values()), "turns_not_located": tally.turns_not_located,
+                **tally.context_counts()}
+
+    chosen = encoding.config.turn_context
+    costs = {chosen: row(collected, ledger)}
+    for policy in TURN_CONTEXTS:
+        if policy == chosen:
+            continue
+        if not ledger.context.get("turns_rewritten"):
+            costs[policy] = dict(costs[chosen])
+            continue
+        encoder = copy.copy(encoding.encoder)
+        encoder.turn_context = policy
+        other = replace(encoding, encoder=encoder, config=replace(encoding.config, turn_context=policy))
+        tally = Ledger(encoding.config.on_error)
+        costs[policy] = row(collect_inputs(other, tally, [encoding.config.max_len], engine, progress), tally)
+    return {policy: costs[policy] for policy in TURN_CONTEXTS}
 
 
 def collect_folder(folder: Path, manifest: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -7,6 +7,7 @@ import textwrap
 from pathlib import Path
 
 from ..normalize import changes_text
+from ..render import context_text
 from ..packing import STRATEGY_TABLE
 
 WIDTH = 80
@@ -139,6 +140,7 @@ def render_text(report: dict) -> str:
     for reason in report.get("top_rejections", []):
         lines.extend(_wrap(f"  {reason}"))
     lines.extend(_wrap(changes_text(report.get("normalized") or {}, report.get("turns_not_located", 0))))
+    lines += _turn_context_lines(report.get("turn_context"))
     lines.append(
         f"{report['tokens']['total']:,} tokens, {report['tokens']['supervised']:,} supervised "
         f"({report['tokens']['supervised'] / max(1, report['tokens']['total']):.1%})"
@@ -195,6 +197,23 @@ def _mixture_lines(mixture: dict | None) -> list[str]:
     return lines
 
 
+def _turn_context_lines(context: dict | None) -> list[str]:
+    """Each --turn-context policy's cost on these inputs (render.py), the chosen one marked."""
+    if not context:
+        return []
+    lines = _wrap(context_text(context["policy"], context))
+    if not context.get("turns_rewritten"):
+        return lines + _wrap("  every --turn-context gives the same: the whole rendering holds each turn as at inference")
+    lines.append(f"  {'--turn-context':<16}{'sequences':>11}{'tokens':>14}{'supervised':>13}"
+                 f"{'untrained':>11}{'out of ctx':>11}{'rejected':>10}")
+    for policy, row in context["policies"].items():
+        mark = "*" if policy == context["policy"] else " "
+        lines.append(f"  {policy + mark:<16}{_n(row['sequences']):>11}{_n(row['tokens']):>14}{_n(row['supervised']):>13}"
+                     f"{_n(row['turns_not_located']):>11}{_n(row['turns_out_of_context']):>11}{_n(row['rejected']):>10}")
+    return lines + _wrap(f"  {_n(context['turns_rewritten'])} assistant turns are rendered differently in the whole "
+                         "conversation than at inference; untrained: turns left without labels")
+
+
 def _render_folder(report: dict) -> str:
     config = report["config"]
     lines = [f"packed folder: {report['folder']}"[:WIDTH]]
@@ -210,6 +229,7 @@ def _render_folder(report: dict) -> str:
             f"rejected {_n(counts.get('rejected', 0))}"
         ))
         lines.extend(_wrap(changes_text(counts.get("normalized") or {}, counts.get("turns_not_located", 0))))
+        lines.extend(_wrap(context_text(config.get("turn_context", "exact"), counts)))
     supervised = report["tokens"]["supervised"]
     lines.append(
         f"{_n(report['rows'])} rows, {_n(report['sequences'])} sequences, {_n(report['tokens']['total'])} tokens"

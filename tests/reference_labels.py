@@ -1,0 +1,101 @@
+"""An independent per-turn labeler: the label definition (docs/chat-templates.md) rebuilt on
+transformers' own chat-template renderer, sharing no code with packprep's renderer.
+
+For each assistant turn k: context ``C_k = render(messages[:k], add_generation_prompt=True)`` and
+``R_k = render(messages[:k+1])``; the target is ``R_k`` beyond ``C_k``. What packprep finds by
+probing a template is *given* here, read off the template by a person (:data:`SHAPES`): the
+constant tail after the last message, and the reasoning block a generation prompt opens. Policy
+``exact``: from the last turn backwards, a sequence ``C_k + T_k`` trains turn k and every earlier
+turn whose ``C_j + T_j`` (tail left out) begins it. Labels are positional on token prefixes:
+the tokens of ``S[:end]`` beyond those of ``S[:start]``.
+"""
+
+from __future__ import annotations
+
+from datetime import date
+
+from transformers.utils.chat_template_utils import render_jinja_template
+
+# template file -> (constant tail, the reasoning block the generation prompt opens, its closing tag)
+SHAPES = {
+    "phi-3.5-mini": ("<|endoftext|>", "", ""),
+    "deepseek-r1-distill-qwen": ("", "<think>\n", "</think>"),
+    "qwq": ("", "<think>\n", "</think>"),
+}
+
+
+DAY = date(2024, 7, 26)  # packprep's default fixed date (docs/chat-templates.md, Dates)
+
+
+def renderer(tok, template: str | None = None):
+    """``render(messages, generation, tools)`` through transformers' renderer (what apply_chat_template
+    calls), on packprep's default fixed date."""
+    def render(messages, generation=False, tools=None):
+        texts, _ = render_jinja_template(conversations=[messages], tools=tools,
+                                         chat_template=template or tok.chat_template,
+                                         add_generation_prompt=generation, **tok.special_tokens_map,
+                                         strftime_now=DAY.strftime, date_string=DAY.strftime("%d %b %Y"))
+        return texts[0]
+    return render
+
+
+def turn_targets(render, messages, tools=None, shape=("", "", ""), last_only=False):
+    """({k: (context, target, target without the tail)}, turns whose definition has no value, first refusal)."""
+    tail, opening, closing = shape
+    turns = [k for k, m in enumerate(messages) if m["role"] == "assistant"]
+    if last_only:
+        turns = turns[-1:]
+    found, missing, refusal = {}, 0, None
+    for k in turns:
+        try:
+            context, rendered = render(messages[:k], True, tools), render(messages[: k + 1], False, tools)
+        except Exception as exc:
+            missing, refusal = missing + 1, refusal or exc
+            continue
+        if rendered[: len(context)] == context:
+            target = rendered[len(context):]
+        elif opening and context.endswith(opening) and rendered.startswith(context[: -len(opening)]):
+            message = messages[k]
+            reasoning = message.get("reasoning_content")
+            if reasoning is None:
+                content = message.get("content") or ""
+                reasoning = content.split(closing)[0].split(opening.strip())[-1] if closing in content else ""
+            answer = rendered[len(context) - len(opening):]
+            target = reasoning.strip("\n") + "\n" + closing + "\n\n" + answer.lstrip("\n")
+        else:
+            missing += 1
+            continue
+        bare = target[: -len(tail)] if tail and target.endswith(tail) and target != tail else target
+        found[k] = (context, target, bare)
+    return found, missing, refusal
+
+
+def exact_sequences(found: dict):
+    """[(text, [(start, end)])] in conversation order: the fewest sequences, greedily from the last turn."""
+    out, todo = [], sorted(found)
+    while todo:
+        context, target, _ = found[todo[-1]]
+        text = context + target
+        inside = [j for j in todo if text[: len(found[j][0]) + len(found[j][2])] == found[j][0] + found[j][2]]
+        spans = []
+        for j in inside:
+            c, t, bare = found[j]
+            end = len(c) + (len(t) if len(c) + len(t) == len(text) else len(bare))
+            if end > len(c):
+                spans.append((len(c), end))
+        if spans:
+            out.insert(0, (text, sorted(spans)))
+        todo = [j for j in todo if j not in inside]
+    return out
+
+
+def token_labels(tok, text: str, spans) -> tuple[list[int], list[int]]:
+    """ids of ``text`` and labels: for each span, the tokens of ``text[:end]`` beyond those of ``text[:start]``."""
+    encode = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    ids = encode(text)
+    labels = [-100] * len(ids)
+    for start, end in spans:
+        before, after = encode(text[:start]), encode(text[:end])
+        assert ids[: len(after)] == after or end == len(text), "a trained end is a token boundary"
+        labels[len(before) : len(after)] = ids[len(before) : len(after)]
+    return ids, labels
