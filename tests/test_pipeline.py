@@ -315,12 +315,16 @@ def test_formats_openai_alpaca_text_and_parquet_input(tmp_path):
 @pytest.mark.parametrize("tokenizer_name", ["llama3", "qwen2.5"])
 def test_packs_every_fixture_file_with_real_tokenizers(tmp_path, tokenizer_name):
     inputs = sorted(str(p) for p in CONVERSATIONS.iterdir() if p.suffix in (".json", ".jsonl"))
-    manifest = packprep.pack(inputs, tmp_path / "out", fixture_tokenizer(tokenizer_name), max_len=4096, num_proc=2)
+    # the DPO demo is preference data: refused unless told what to train (its chosen replies here)
+    manifest = packprep.pack(inputs, tmp_path / "out", fixture_tokenizer(tokenizer_name), max_len=4096, num_proc=2,
+                             preference="chosen")
     assert_contract(tmp_path / "out", 4096, manifest["counts"]["records"])
     assert packprep.verify(tmp_path / "out").ok
     counts = manifest["counts"]
     assert counts["records"] == 2400
-    assert counts["rejected_by_reason"]["no_assistant_turn"] == 195  # the DPO demo's prompts end on a human turn
+    rejected = counts["rejected_by_reason"]
+    assert rejected["no_assistant_turn"] == 1  # one conversation with no reply at all
+    assert set(rejected) <= {"no_assistant_turn", "overlong"}  # overlong: nothing trained in its first 4,096 tokens
     assert counts["truncated"] > 0  # medicalgpt holds conversations of up to 37,793 tokens
     assert manifest["efficiency"] > 0.99
 
