@@ -143,6 +143,11 @@ def _check_cuts(folder: Path, old: dict, config, stored: Stored, mixture: Mixtur
         raise ConfigError(f"{folder}: {counts['split']:,} records were split into pieces at --max-len {before} "
                           "(the first label of each piece is masked, so the labels at the cuts are not stored); "
                           "repack cannot rebuild them: pack again from the inputs")
+    if counts.get("extra_sequences"):  # --turn-context exact: which sequence of a record came first is not stored
+        raise ConfigError(f"{folder}: {counts['extra_sequences']:,} sequences train turns of a record in their own "
+                          "inference context (--turn-context exact), beside the record's last sequence; the shards do "
+                          "not store their order within the record, so repack cannot rebuild pack's output: pack "
+                          "again from the inputs")
     dropped = counts["rejected_by_reason"].get("overlong", 0)
     cut = config.max_len > before and (counts["truncated"] or dropped)
     if cut and not accept:
@@ -170,7 +175,8 @@ def _rebuild(tmp: Path, folder: Path, old: dict, config, stored: Stored) -> tupl
     cache.mkdir()
     offsets = np.concatenate([[0], np.cumsum(stored.lengths)]).astype(np.int64)
     _write_tokens(folder, old, stored, offsets, cache)
-    full = TokenStore(offsets, np.zeros(0, np.int64), cache, np.array([0, offsets[-1]], np.int64))
+    full = TokenStore(offsets, np.zeros(0, np.int64), cache, np.array([0, offsets[-1]], np.int64),
+                      np.zeros(0, np.int64))  # one sequence a record: _check_cuts refuses more
     fates = _fates(full, stored.lengths, config)
     keep = (fates != DROPPED) & (fates != EMPTIED)
     lengths = np.where(fates == CUT, config.max_len, stored.lengths)

@@ -222,3 +222,19 @@ def test_stats_shows_each_policys_cost(template_folder, tmp_path):
     assert "turn context exact: 2 more sequences" in text and "rendered" in text
     plain = packprep.stats(str(inputs), fixture_tokenizer("llama3"), max_lens=[256], num_proc=1)
     assert "every --turn-context gives the same" in render_text(plain)
+
+
+@needs_fixtures
+def test_repack_refuses_a_folder_whose_records_are_several_sequences(tmp_path, template_folder):
+    """The shards do not store which of a record's sequences came first: repack would lose or reorder
+    them, so it refuses and says to pack again."""
+    from packprep.errors import ConfigError
+    from packprep.repack import repack
+
+    inputs = tmp_path / "chats.jsonl"
+    inputs.write_text(json.dumps(RECORDS["chat"]) + "\n")
+    manifest = packprep.pack(str(inputs), str(tmp_path / "out"), template_folder("qwen3"), max_len=256, num_proc=1)
+    assert manifest["counts"]["extra_sequences"] > 0
+    with pytest.raises(ConfigError, match="pack again from the inputs"):
+        repack(tmp_path / "out", tmp_path / "repacked", max_len=512)
+    assert not (tmp_path / "repacked").exists()
