@@ -301,7 +301,7 @@ def _manifest(config, encoding: Encoding, ledger, sequences: int, segments, shar
             "records": len(ledger.status),
             **fates,
             "rejected_by_reason": dict(sorted(ledger.reasons.items())),
-            "top_rejections": top_reasons(ledger.reasons, ledger.examples),
+            "top_rejections": top_reasons(ledger.reasons, ledger.examples, names_only=True),
             "turns_not_located": ledger.turns_not_located,
             "normalized": {name: ledger.changes.get(name, 0) for name in CHANGES},
         },
