@@ -504,15 +504,17 @@ class Ledger:
             self._handle.write(json.dumps(entry, ensure_ascii=False) + "\n")
 
 
-def top_reasons(reasons: Counter, examples: dict[str, dict], top: int = 3) -> list[str]:
-    """The most common rejection reasons, each with its first example: file, line and the reason."""
+def top_reasons(reasons: Counter, examples: dict[str, dict], top: int = 3, names_only: bool = False) -> list[str]:
+    """The most common rejection reasons, each with its first example: file, line and the reason
+    (``names_only``: the file's name without its folder, for what may be published: the manifest)."""
     lines = []
     for code, count in reasons.most_common(top):
         entry = examples.get(code)
         where = ""
         if entry is not None:
             at = f"line {entry['line']}" if entry["line"] else f"record {entry['index']}"
-            where = f": e.g. {entry['file']}, {at}: {entry['reason']}"
+            file = os.path.basename(entry["file"]) if names_only else entry["file"]
+            where = f": e.g. {file}, {at}: {entry['reason']}"
         lines.append(f"{code} {count:,}{where}")
     return lines
 

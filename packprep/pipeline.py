@@ -370,7 +370,7 @@ def _manifest(config, described: dict, ledger, sequences: int, segments, shards)
             "records": len(ledger.status),
             **fates,
             "rejected_by_reason": dict(sorted(ledger.reasons.items())),
-            "top_rejections": top_reasons(ledger.reasons, ledger.examples),
+            "top_rejections": top_reasons(ledger.reasons, ledger.examples, names_only=True),
             "turns_not_located": ledger.turns_not_located,
             **ledger.context_counts(),
             "normalized": {name: ledger.changes.get(name, 0) for name in CHANGES},

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import __version__
-from .errors import ConfigError, PushError, VerifyError
+from .errors import ConfigError, PushError, VerifyError, UnreadableLayout
 
 # One commit holds at most this much new data; larger pushes are split (see module docstring).
 MAX_COMMIT_BYTES = 10 * 1024**3
@@ -132,7 +132,10 @@ def push(
     folder = Path(folder)
     # a stack's own layout (padded rows, other files) cannot be read back; its source was verified
     # when it was exported, and verify still checks its files against the manifest
-    failures = [failure for failure in verify(folder).failures if failure.check != "layout"]
+    try:
+        failures = [failure for failure in verify(folder).failures if failure.check != "layout"]
+    except UnreadableLayout:  # raised only once its files matched the manifest
+        failures = []
     if failures:
         shown = "\n  ".join(str(failure) for failure in failures[:10])
         more = f"\n  ... and {len(failures) - 10} more" if len(failures) > 10 else ""

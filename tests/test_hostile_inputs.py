@@ -46,7 +46,7 @@ def test_a_record_whose_rendering_never_ends_is_rejected_and_the_rest_kept(tmp_p
     assert counts["packed"] == 2 and counts["rejected_by_reason"] == {"render_timeout": 1}
     [reject] = read_rejects(out)
     assert reject["line"] == 2 and "did not finish rendering this record in 1 s (--render-timeout)" in reject["reason"]
-    assert f"render_timeout 1: e.g. {data}, line 2: the chat template did not finish" in result.output
+    assert f"render_timeout 1: e.g. {data.name}, line 2: the chat template did not finish" in result.output
     assert packprep.verify(out).ok
 
 
