@@ -48,6 +48,9 @@ class _Group(click.Group):
         except KeyboardInterrupt:
             click.secho("interrupted; no output was written", fg="red", err=True)
             sys.exit(130)
+        except BrokenPipeError:  # the reader left (`| head`): stop quietly, as a shell tool does
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+            sys.exit(141)
         except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
         except Exception as exc:  # a packprep bug: one line for the user, the traceback on request

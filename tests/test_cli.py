@@ -175,3 +175,15 @@ def test_the_command_starts_no_blas_thread_per_core():
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "1"
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback(packed):
+    """`packprep inspect ... | true`: the reader is gone before the first print; the command stops quietly."""
+    import subprocess
+    import sys
+
+    command = f"{sys.executable} -m packprep inspect {packed} --row 0 | true"
+    result = subprocess.run(["bash", "-o", "pipefail", "-c", command], capture_output=True, text=True, timeout=120,
+                            env={**__import__("os").environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert "internal error" not in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert result.returncode == 141  # stopped by the closed pipe, as `yes | head` is
