@@ -225,7 +225,7 @@ def _normalized(context: EncodeContext, part: Part, records: Iterable[Record], l
     for record in records:
         number = ledger.add()
         if record.error is not None:
-            yield number, record, Rejected(record.error, "unreadable")
+            yield number, record, Rejected(record.error, record.code)
             continue
         data = record.data
         if context.config.preference == "chosen" and isinstance(data, dict) and "chosen" in data:

@@ -344,6 +344,19 @@ def issue_24() -> dict:
             "counts": {"records": 3, "packed": 3, "truncated": 0, "split": 0, "rejected": 0},
             "rejected_by_reason": {}, "rejects": []}
 
+    twice = ('{"conversations": [{"from": "human", "value": "A"}, {"from": "gpt", "value": "B"}], '
+             '"conversations": [{"from": "human", "value": "C"}, {"from": "gpt", "value": "D"}]}')
+    content = ('{"messages": [{"role": "user", "content": "Time: 12:30?"}, '
+               '{"role": "assistant", "content": "Yes.", "content": "No."}]}')
+    repeated = [("duplicate_conversations.jsonl", "two 'conversations' keys in one record", twice, "conversations"),
+                ("duplicate_content.jsonl", "two 'content' keys in one message", content, "content")]
+    for file, about, text, key in repeated:
+        ok(file, f"{about}: rejected on its own, naming the key", lines(good(1), text, good(2)),
+           3, [(1, 2, "duplicate_key", f"the key {key!r} appears twice", text[:20])])
+    ok("duplicate_key.json", "a JSON array with an item that repeats a key: that item rejected",
+       "[" + ", ".join([json.dumps(good(1)), text, json.dumps(good(2))]) + "]", 3,
+       [(1, None, "duplicate_key", "the key 'content' appears twice", '{"messages": [{"role"')])
+
     path = HERE / "EXPECTED.json"
     expected = json.loads(path.read_text(encoding="utf-8"))
     expected.update(cases)
