@@ -29,16 +29,24 @@ def _pairs(pairs: list) -> dict:
 
 
 def _keys(value: Any) -> int:
-    """How many keys the objects in a decoded value hold (json decodes to plain dicts and lists)."""
-    count, stack = 0, [value]
-    while stack:
-        item = stack.pop()
-        if type(item) is dict:
-            count += len(item)
-            item = item.values()
-        elif type(item) is not list:
-            continue
-        stack += [v for v in item if type(v) is dict or type(v) is list]
+    """How many keys the objects in a decoded value hold (json decodes to plain dicts and lists):
+    recursive, as that is the fastest walk; -1 for a value too deep for it (the slow path decides)."""
+    try:
+        return _count(value)
+    except RecursionError:
+        return -1
+
+
+def _count(value: Any) -> int:
+    count = 0
+    if type(value) is dict:
+        count = len(value)
+        value = value.values()
+    elif type(value) is not list:
+        return 0
+    for item in value:
+        if type(item) is dict or type(item) is list:
+            count += _count(item)
     return count
 
 
@@ -57,7 +65,8 @@ def _repeated_key(value: Any) -> str | None:
 
 def repeated_key(text: str, value: Any) -> str | None:
     """The first key that an object in the JSON ``text`` (which decodes to ``value``) repeats, or None."""
-    if len(_KEY_END.findall(text)) <= _keys(value):
+    keys = _keys(value)
+    if text.count(":") <= keys or len(_KEY_END.findall(text)) <= keys:  # the first: 4x cheaper, and often enough
         return None
     return _repeated_key(json.loads(text, object_pairs_hook=_pairs))
 
@@ -65,7 +74,8 @@ def repeated_key(text: str, value: Any) -> str | None:
 def repeated_keys(text: str, items: list) -> list[str | None] | None:
     """For the text of a whole JSON array (or one object) that decodes to ``items``, the key each item
     repeats (None where none does); None if no item can repeat one."""
-    if len(_KEY_END.findall(text)) <= sum(_keys(item) for item in items):
+    keys = [_keys(item) for item in items]
+    if -1 not in keys and len(_KEY_END.findall(text)) <= sum(keys):
         return None
     decoded = json.loads(text, object_pairs_hook=_pairs)
     return [_repeated_key(item) for item in (decoded if isinstance(decoded, list) else [decoded])]
