@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .errors import ConfigError, InputError
+from .json_keys import repeated_key, repeated_key_reason, repeated_keys
 
 JSON_SUFFIXES = (".json", ".json.gz", ".json.zst")
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".ndjson")
@@ -42,6 +43,7 @@ class Record:
     line: int | None  # 1-based line number (JSONL only)
     data: Any = None
     error: str | None = None
+    code: str = "unreadable"  # the rejection's code, where there is an error
 
 
 @dataclass
@@ -371,6 +373,8 @@ def _jsonl_records(path: str, handle: io.TextIOBase, first_byte: int, from_start
                 else:
                     if "\\u" in line and _lone_surrogate(data):
                         yield Record(path, index, line_no, _raw_preview(line), LONE_SURROGATE)
+                    elif (key := repeated_key(line, data)) is not None:
+                        yield Record(path, index, line_no, _raw_preview(line), repeated_key_reason(key), "duplicate_key")
                     else:
                         yield Record(path, index, line_no, data=data)
                 index += 1
@@ -454,10 +458,13 @@ def _read_json(path: str) -> Iterator[Record]:
         data = [data]
     if not isinstance(data, list):
         raise InputError(f"{path}: expected a JSON array of records, found a JSON {_json_type(data)}")
-    check = "\\u" in text
+    check, repeated = "\\u" in text, repeated_keys(text, data) or ()
     for index, item in enumerate(data):
         if check and _lone_surrogate(item):
             yield Record(path, index, None, _raw_preview(json.dumps(item)), LONE_SURROGATE)
+        elif index < len(repeated) and repeated[index] is not None:
+            yield Record(path, index, None, _raw_preview(json.dumps(item)), repeated_key_reason(repeated[index]),
+                         "duplicate_key")
         else:
             yield Record(path, index, None, data=item)
 
@@ -984,9 +991,12 @@ def _json_range_records(part: Part) -> Iterator[Record]:
         handle.seek(part.first)
         run = _TextRun(handle, part.stop - part.first, "utf-8-sig" if part.first == 0 else "utf-8")
         try:
-            for index, (item, escapes) in enumerate(_array_items(run, part.first == 0)):
+            for index, (item, escapes, key) in enumerate(_array_items(run, part.first == 0)):
                 if escapes and _lone_surrogate(item):
                     yield Record(part.path, index, None, _raw_preview(json.dumps(item)), LONE_SURROGATE)
+                elif key is not None:
+                    yield Record(part.path, index, None, _raw_preview(json.dumps(item)), repeated_key_reason(key),
+                                 "duplicate_key")
                 else:
                     yield Record(part.path, index, None, data=item)
         except (ValueError, RecursionError) as exc:  # UnicodeDecodeError and json.JSONDecodeError are ValueErrors
@@ -1027,8 +1037,9 @@ class _TextRun:
         return 0
 
 
-def _array_items(run: _TextRun, opening: bool) -> Iterator[tuple[Any, bool]]:
-    """The items of a range of a JSON array, and whether each one's text holds a \\u escape: json's own
+def _array_items(run: _TextRun, opening: bool) -> Iterator[tuple[Any, bool, str | None]]:
+    """The items of a range of a JSON array, whether each one's text holds a \\u escape and the key it
+    repeats (or None): json's own
     array loop (the same errors at the same places), an item at a time. The range starts at the array's
     '[' (``opening``) or at the comma before its first item, and ends before the comma after its last
     item or after the array's ']'. A step that reaches the end of the text held is taken again with
@@ -1067,7 +1078,7 @@ def _array_items(run: _TextRun, opening: bool) -> Iterator[tuple[Any, bool]]:
         if not opening and run.text[pos:pos + 1] == "]":
             raise _trailing_comma(run.text, comma, pos)
         item, end = value(pos)
-        yield item, run.text.find("\\u", pos, end) >= 0
+        yield item, run.text.find("\\u", pos, end) >= 0, repeated_key(run.text[pos:end], item)
         pos, opening = skip(end), False
 
 
