@@ -2,7 +2,7 @@
 
 ``pack`` and ``stats`` both encode through :class:`Encoding`: the same readers, formats, chat
 template, labels and rejections, so what ``stats`` measures is what ``pack`` packs. The inputs are
-cut into parts (read.plan_parts); a worker reads, normalizes and encodes a part on its own and hands
+cut into parts (parts.plan_parts); a worker reads, normalizes and encodes a part on its own and hands
 the records to a *sink* (pack's spills tokens to a file, stats' keeps lengths), so the driver never
 sees a record: it merges each part's small result, in part order, into one :class:`Ledger` that
 counts every record and says what became of it.
@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol
 from .errors import ConfigError, InputError
 from .fates import FATES, PACKED, REJECTED, SPLIT, TRUNCATED  # noqa: F401  (the ledger's vocabulary)
 from .normalize import Conversation, FieldNames, Policy, Rejected, detect_format, fit_to_template, normalize
-from .read import Part, Record, Source, first_records, read_part
+from .parts import Part, first_records, read_part
+from .read import Record, Source
 from .template_inputs import prepare_template
 from .tokenize import GUARD_CHARS, ChatEncoder, Encoded, load_tokenizer
 

@@ -23,7 +23,7 @@ from .fates import DROPPED, EMPTIED, TRUNCATED
 from .layout import IGNORE_INDEX, ROW_SCHEMA
 from .packing import index_dtype
 from .plan import overlong_fates
-from .read import Part
+from .parts import Part
 
 RUNNING_BLOCK = 1 << 20  # values summed at a time into int64 (see _running_total)
 

@@ -466,7 +466,8 @@ def test_a_difference_in_the_data_reruns_the_encode_stage_with_hf(tmp_path, monk
     characters, in a process beside the workers) finds the difference, the encode stage
     runs again with HF, and the output is HF's, byte for byte, with one process or two; the manifest
     says hf and the verdict is cached. Without the guard the output would be wrong."""
-    from packprep.read import plan_parts, resolve_inputs
+    from packprep.parts import plan_parts
+    from packprep.read import resolve_inputs
 
     tokenizer = fixture_tokenizer("llama3")
     assert not any(WORD in text for text in guard_sample(load_tokenizer(tokenizer)))
