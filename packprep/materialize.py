@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from .encode import Ledger
+from .ledger import Ledger
 from .fates import DROPPED, EMPTIED, TRUNCATED
 from .layout import IGNORE_INDEX, ROW_SCHEMA
 from .packing import index_dtype

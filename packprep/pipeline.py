@@ -21,7 +21,8 @@ from .card import length_histograms, render_card
 from .assistant_turns import REASONING
 from .control_text import MODES as CONTENT_SPECIAL
 from .cost import model_cost
-from .encode import FATES, PACKED, REJECTED, SPLIT, Encoding, Ledger, top_reasons
+from .encode import FATES, PACKED, REJECTED, SPLIT, Encoding
+from .ledger import Ledger, top_reasons
 from .engines import Engine, LocalEngine, make_engine, runs_per_item
 from .errors import ConfigError, InputError, check_range
 from .layout import DEFAULT_LAYOUT, FILES, get_layout

@@ -8,7 +8,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "packprep"
 STEPS = {"read", "parts", "json_scan", "normalize", "render", "render_onepass", "tokenize", "tiktoken_backend", "tiktoken_convert", "tokenizer_folder",
-         "encode", "plan", "packing", "packing_kernels", "materialize", "write", "join", "layout", "layouts"}
+         "encode", "ledger", "plan", "packing", "packing_kernels", "materialize", "write", "join", "layout", "layouts"}
 NOT_FROM_STEPS = {"engines", "verify", "pipeline"}
 
 

@@ -38,7 +38,8 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from ..cost import model_cost
-from ..encode import Encoding, Ledger, top_reasons
+from ..encode import Encoding
+from ..ledger import Ledger, top_reasons
 from ..engines import make_engine
 from ..errors import ConfigError
 from ..normalize import CHANGES
