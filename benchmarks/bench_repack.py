@@ -60,7 +60,7 @@ def main() -> None:
     parser.add_argument("--tokenizer", default=str(EXAMPLE_TOKENIZER))
     parser.add_argument("--num-proc", type=int, default=2)
     parser.add_argument("--max-len", type=int, default=8192, help="the folder's row length")
-    parser.add_argument("--to-max-len", type=int, default=4096, help="the new row length (shorter: exact even where the folder truncated)")
+    parser.add_argument("--to-max-len", type=int, default=4096, help="the new row length (shorter: the same shards and manifest even where the folder truncated; rejects.jsonl has no record preview for a record dropped at the new length)")
     parser.add_argument("--to-strategy", default="bfd")
     parser.add_argument("--workdir", default=None, help="where data and outputs go [a temp dir, removed after]")
     args = parser.parse_args()

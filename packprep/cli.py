@@ -130,6 +130,9 @@ def _record_options(command):
     command = click.option("--render-timeout", default=DEFAULT.render_timeout, show_default=True, type=float,
                            metavar="SECONDS", help="Time one record's rendering may take; a record over it is "
                            "rejected (render_timeout), a template over it on its start-up probes stops the run.")(command)
+    command = click.option("--max-record-chars", default=DEFAULT.max_record_chars, show_default=True, type=int,
+                           help="Characters of text one record may hold; a record over it is rejected "
+                           "(record_too_long) before rendering, which would take minutes and GBs.")(command)
     command = click.option("--content-special-tokens", default=DEFAULT.content_special_tokens, show_default=True,
                            type=click.Choice(CONTENT_SPECIAL),
                            help="Text in a record that spells a control token (<|eot_id|>, <|im_end|>): text encodes "

@@ -222,7 +222,7 @@ def _normalized(context: EncodeContext, part: Part, records: Iterable[Record], l
     for record in records:
         number = ledger.add()
         if record.error is not None:
-            yield number, record, Rejected(record.error, "unreadable")
+            yield number, record, Rejected(record.error, record.code)
             continue
         data = record.data
         if context.config.preference == "chosen" and isinstance(data, dict) and "chosen" in data:
@@ -233,9 +233,34 @@ def _normalized(context: EncodeContext, part: Part, records: Iterable[Record], l
             if not fields.messages and isinstance(data, dict) and "conversations" in data and "messages" in data:
                 raise Rejected("the record has both 'conversations' and 'messages'; pass --messages-field to say "
                                "which holds the conversation", "ambiguous_record")
-            yield number, record, normalize(data, own, fields, context.policy)
+            conversation = normalize(data, own, fields, context.policy)
+            _check_size(conversation, context.config.max_record_chars)
+            yield number, record, conversation
         except Rejected as exc:
             yield number, record, exc
+
+
+def _check_size(conversation: Conversation, limit: int) -> None:
+    """Reject a record whose text is over ``limit`` characters before it is rendered: rendering and
+    tokenizing 50 MB takes minutes and GBs in one worker, with no word, for --max-len tokens."""
+    size = _chars([conversation.messages, conversation.tools, conversation.text])
+    if size > limit:
+        raise Rejected(f"the record holds {size:,} characters of text, over --max-record-chars {limit:,}; raise "
+                       "it to pack the record anyway (slow; cut per --overlong)", "record_too_long")
+
+
+def _chars(value: Any) -> int:
+    """Characters in the strings of a normalized record (keys aside)."""
+    size, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        if type(item) is str:
+            size += len(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return size
 
 
 def chosen_record(data: dict) -> dict:

@@ -9,6 +9,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+from .json_keys import repeated_key
+
 
 JSON_SCAN_BYTES = 4 << 20  # a scan task reads a JSON array this much at a time (its memory: ~10x this)
 JSON_CHUNK_BYTES = 16 << 20  # the least of a JSON array one scan task takes: a task costs a few ms to start
@@ -247,8 +249,9 @@ class _TextRun:
         return 0
 
 
-def _array_items(run: _TextRun, opening: bool) -> Iterator[tuple[Any, bool]]:
-    """The items of a range of a JSON array, and whether each one's text holds a \\u escape: json's own
+def _array_items(run: _TextRun, opening: bool) -> Iterator[tuple[Any, bool, str | None]]:
+    """The items of a range of a JSON array, whether each one's text holds a \\u escape and the key it
+    repeats (or None): json's own
     array loop (the same errors at the same places), an item at a time. The range starts at the array's
     '[' (``opening``) or at the comma before its first item, and ends before the comma after its last
     item or after the array's ']'. A step that reaches the end of the text held is taken again with
@@ -287,7 +290,7 @@ def _array_items(run: _TextRun, opening: bool) -> Iterator[tuple[Any, bool]]:
         if not opening and run.text[pos:pos + 1] == "]":
             raise _trailing_comma(run.text, comma, pos)
         item, end = value(pos)
-        yield item, run.text.find("\\u", pos, end) >= 0
+        yield item, run.text.find("\\u", pos, end) >= 0, repeated_key(run.text[pos:end], item)
         pos, opening = skip(end), False
 
 

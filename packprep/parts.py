@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Iterator
 
 from .errors import InputError
+from .json_keys import repeated_key_reason
 from .json_scan import (
     _array_items, _first_invalid_utf8, _json_arrays_chunks, _json_cuts, _json_position, scan_json_chunk, _TextRun,
 )
@@ -267,9 +268,12 @@ def _json_range_records(part: Part) -> Iterator[Record]:
         handle.seek(part.first)
         run = _TextRun(handle, part.stop - part.first, "utf-8-sig" if part.first == 0 else "utf-8")
         try:
-            for index, (item, escapes) in enumerate(_array_items(run, part.first == 0)):
+            for index, (item, escapes, key) in enumerate(_array_items(run, part.first == 0)):
                 if escapes and _lone_surrogate(item):
                     yield Record(part.path, index, None, _raw_preview(json.dumps(item)), LONE_SURROGATE)
+                elif key is not None:
+                    yield Record(part.path, index, None, _raw_preview(json.dumps(item)), repeated_key_reason(key),
+                                 "duplicate_key")
                 else:
                     yield Record(part.path, index, None, data=item)
         except (ValueError, RecursionError) as exc:  # UnicodeDecodeError and json.JSONDecodeError are ValueErrors

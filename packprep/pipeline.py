@@ -54,6 +54,7 @@ RANGES = {
     "samples_per_row": (1, 2**31 - 1),
     "partition_size": (1, 2**62),
     "render_timeout": (0.001, 86_400),
+    "max_record_chars": (1, 2**62),
     "balance_dp": (1, 2**20),
     "rows_per_step": (1, 2**20),
 }
@@ -87,6 +88,7 @@ class PackConfig:
     balance_sampler: str = "distributed"  # with balance_dp: the sampler order targeted (balance.SAMPLERS)
     model_config: str | None = None  # with balance_dp: the model's config.json for the cost model (cost.py)
     render_timeout: float = 60.0  # seconds one record's rendering may take; a record over it is rejected
+    max_record_chars: int = 10_000_000  # text one record may hold; more is rejected before rendering (minutes, GBs)
     preference: str = "refuse"  # preference data (chosen/rejected): refuse | chosen (train on the chosen reply)
     content_special_tokens: str = "text"  # text in records that spells a control token: text | special (control_text.py)
     reasoning: str = "inline"  # reasoning for a template that reads none: inline | drop | reject (normalize.py)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .errors import ConfigError, InputError
+from .json_keys import repeated_key, repeated_key_reason, repeated_keys
 
 JSON_SUFFIXES = (".json", ".json.gz", ".json.zst")
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".ndjson")
@@ -42,6 +43,7 @@ class Record:
     line: int | None  # 1-based line number (JSONL only)
     data: Any = None
     error: str | None = None
+    code: str = "unreadable"  # the rejection's code, where there is an error
 
 
 @dataclass
@@ -349,6 +351,8 @@ def _jsonl_records(path: str, handle: io.TextIOBase, first_byte: int, from_start
                 else:
                     if "\\u" in line and _lone_surrogate(data):
                         yield Record(path, index, line_no, _raw_preview(line), LONE_SURROGATE)
+                    elif (key := repeated_key(line, data)) is not None:
+                        yield Record(path, index, line_no, _raw_preview(line), repeated_key_reason(key), "duplicate_key")
                     else:
                         yield Record(path, index, line_no, data=data)
                 index += 1
@@ -432,10 +436,13 @@ def _read_json(path: str) -> Iterator[Record]:
         data = [data]
     if not isinstance(data, list):
         raise InputError(f"{path}: expected a JSON array of records, found a JSON {_json_type(data)}")
-    check = "\\u" in text
+    check, repeated = "\\u" in text, repeated_keys(text, data) or ()
     for index, item in enumerate(data):
         if check and _lone_surrogate(item):
             yield Record(path, index, None, _raw_preview(json.dumps(item)), LONE_SURROGATE)
+        elif index < len(repeated) and repeated[index] is not None:
+            yield Record(path, index, None, _raw_preview(json.dumps(item)), repeated_key_reason(repeated[index]),
+                         "duplicate_key")
         else:
             yield Record(path, index, None, data=item)
 

@@ -190,6 +190,8 @@ def _rebuild(tmp: Path, folder: Path, old: dict, config, stored: Stored) -> tupl
     ledger = Ledger(config.on_error)
     ledger.status = status
     ledger.reasons = Counter(entry["code"] for entry in entries)
+    for entry in entries:  # in input order, as pack meets them: each reason's first example
+        ledger.examples.setdefault(entry["code"], entry)
     ledger.changes = Counter(old["counts"].get("normalized") or {})
     ledger.turns_not_located = old["counts"].get("turns_not_located", 0)
     if entries:

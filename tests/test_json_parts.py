@@ -33,7 +33,7 @@ def read_both(path: Path, part_bytes: int, scan_bytes: int = 7, read_bytes: int 
     error), or the error message; and the parts."""
     def outcome(records):
         try:
-            return [(r.data, r.error) for r in records()]
+            return [(r.data, r.error, r.code) for r in records()]
         except InputError as exc:
             return str(exc)
 
@@ -73,8 +73,8 @@ def test_ranges_parse_to_what_json_loads_gives(tmp_path_factory, items, ensure_a
     path.write_bytes((b"\xef\xbb\xbf" if bom else b"") + text.encode())
     whole, cut, parts = read_both(path, part_bytes, scan_bytes, read_bytes, chunks)
     assert cut == whole
-    assert [data for data, error in cut[lone:]] == json.loads(text)[lone:]
-    assert [error for _, error in cut] == [read.LONE_SURROGATE] * lone + [None] * (len(items) - lone)
+    assert [data for data, _, _ in cut[lone:]] == json.loads(text)[lone:]
+    assert [error for _, error, _ in cut] == [read.LONE_SURROGATE] * lone + [None] * (len(items) - lone)
     assert {p.kind for p in parts} == ({"json-range"} if len(parts) > 1 else {"json"})
     counts = [sum(1 for _ in read_part(p)) for p in parts]
     assert [p.first_record for p in parts] == [sum(counts[:i]) for i in range(len(parts))]
@@ -105,6 +105,10 @@ CASES = [
     ("a trailing comma", array(*[GOOD] * 6)[:-1] + ",\n]", True),
     ("a number of more than 4300 digits", array(*[GOOD] * 5, "1" * 5000, *[GOOD] * 5), True),
     ("an unpaired surrogate escape", array(*[GOOD] * 5, '{"text": "\\udc00"}', *[GOOD] * 5), True),
+    ("a key repeated in an item", array(*[GOOD] * 5, '{"conversations": [], "conversations": [{"a": 1}]}',
+                                        *[GOOD] * 5), True),
+    ("a key repeated deep in an item, beside colons in strings", array(
+        *[GOOD] * 5, '{"messages": [{"role": "user", "content": "a\\": b", "content" : "c:"}]}', *[GOOD] * 5), True),
     ("items that are not records", array(*[GOOD] * 5, "1", '"text"', "null", "[[]]", *[GOOD] * 5), True),
     ("cut off mid-item", array(*[GOOD] * 6)[:-30], False),
     ("another value after the array", array(*[GOOD] * 6) + " " + array(GOOD, GOOD), False),

@@ -222,6 +222,7 @@ SETTINGS = [  # (args, what the message says): configuration errors on a good fi
     (["--num-proc", "5000"], "--num-proc must be between 1 and 4,096, not 5,000"),
     (["--partition-size", "0"], "--partition-size must be between 1 and"),
     (["--partition-size", "-1"], "--partition-size must be between 1 and"),
+    (["--max-record-chars", "0"], "--max-record-chars must be between 1 and 4,611,686,018,427,387,904, not 0"),
     (["--render-timeout", "0"], "--render-timeout must be between 0.001 and 86,400, not 0"),
     (["--render-timeout", "-1"], "--render-timeout must be between 0.001 and 86,400, not -1"),
     (["--render-timeout", "100000"], "--render-timeout must be between 0.001 and 86,400, not 100,000"),
@@ -343,6 +344,25 @@ def issue_24() -> dict:
             "args": ["--messages-field", field],
             "counts": {"records": 3, "packed": 3, "truncated": 0, "split": 0, "rejected": 0},
             "rejected_by_reason": {}, "rejects": []}
+
+    twice = ('{"conversations": [{"from": "human", "value": "A"}, {"from": "gpt", "value": "B"}], '
+             '"conversations": [{"from": "human", "value": "C"}, {"from": "gpt", "value": "D"}]}')
+    content = ('{"messages": [{"role": "user", "content": "Time: 12:30?"}, '
+               '{"role": "assistant", "content": "Yes.", "content": "No."}]}')
+    repeated = [("duplicate_conversations.jsonl", "two 'conversations' keys in one record", twice, "conversations"),
+                ("duplicate_content.jsonl", "two 'content' keys in one message", content, "content")]
+    for file, about, text, key in repeated:
+        ok(file, f"{about}: rejected on its own, naming the key", lines(good(1), text, good(2)),
+           3, [(1, 2, "duplicate_key", f"the key {key!r} appears twice", text[:20])])
+    ok("duplicate_key.json", "a JSON array with an item that repeats a key: that item rejected",
+       "[" + ", ".join([json.dumps(good(1)), text, json.dumps(good(2))]) + "]", 3,
+       [(1, None, "duplicate_key", "the key 'content' appears twice", '{"messages": [{"role"')])
+
+    huge = sharegpt("Summarize this: " + "all work and no play " * 100_000)  # 2.1 MB of text, 5 kB gzipped
+    ok("huge_record.jsonl.gz", "a record of 2.1 MB of text over --max-record-chars: rejected before rendering, "
+       "the others kept", gzip.compress(lines(good(1), huge, good(2)).encode(), mtime=0), 3,
+       [(1, 2, "record_too_long", "the record holds 2,100,034 characters of text, over --max-record-chars 1,000,000",
+         '{"conversations": [{"from": "human"')], args=["--max-record-chars", "1000000"])
 
     path = HERE / "EXPECTED.json"
     expected = json.loads(path.read_text(encoding="utf-8"))
