@@ -40,7 +40,8 @@ H200 = CostModel(per_token=2.208e-5, per_square=9.84e-10, source="fit: H200, iss
 
 def fixture_lengths(fixtures: str) -> np.ndarray:
     """Token counts of the fixture conversations, rendered and tokenized exactly as pack does."""
-    from packprep.encode import Encoding, Ledger
+    from packprep.encode import Encoding
+    from packprep.ledger import Ledger
     from packprep.engines import make_engine
     from packprep.pipeline import PackConfig
     from packprep.read import resolve_inputs

@@ -195,17 +195,18 @@ def _template_inputs_text(config: dict) -> str:
 
 
 def render_card(manifest: dict) -> str:
-    config = manifest["config"]
-    counts = manifest["counts"]
-    tok = manifest["tokenizer"]
-    fmt = config["shard_format"]
     layout = get_layout(manifest.get("layout"))
+    return _card_header(manifest, layout) + _card_body(manifest, layout)
+
+
+def _card_header(manifest: dict, layout) -> str:
+    """The YAML front matter: the Hub's loader configs (for table layouts) and the tags."""
+    fmt = manifest["config"]["shard_format"]
     features = "\n".join(
         f"  - name: {name}\n    {'sequence' if is_list else 'dtype'}: {dtype}" for name, dtype, is_list in _features(manifest)
     )
     total_bytes = sum(shard["bytes"] for shard in manifest["shards"] + (manifest.get("validation") or {}).get("shards", []))
     arrow_bytes = _arrow_bytes(manifest)
-    template_hash = (tok.get("chat_template_sha256") or "none")[:16]
     validation_files, validation_split = _validation_yaml(manifest.get("validation"), fmt)
     # a layout of other files (e.g. .npy) is no table the Hub's loader reads: no configs, no features
     loadable = "" if layout.writes == FILES else f"""configs:
@@ -234,6 +235,15 @@ tags:
 - packprep
 ---
 """
+    return header
+
+
+def _card_body(manifest: dict, layout) -> str:
+    """The markdown: what the rows hold, the settings, every record's fate, and how to feed them."""
+    config = manifest["config"]
+    counts = manifest["counts"]
+    tok = manifest["tokenizer"]
+    template_hash = (tok.get("chat_template_sha256") or "none")[:16]
     above = (
         100.0 * (manifest["rows"] - manifest["lower_bound_rows"]) / manifest["lower_bound_rows"]
         if manifest["lower_bound_rows"]
@@ -294,4 +304,4 @@ every guarantee above.
 
 </details>
 """
-    return header + body
+    return body

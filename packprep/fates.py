@@ -1,4 +1,4 @@
-"""What becomes of an input record, in one vocabulary: the ledger's (``packprep.encode.Ledger``, one
+"""What becomes of an input record, in one vocabulary: the ledger's (``packprep.ledger.Ledger``, one
 byte a record; the manifest counts them and ``verify`` checks they add up) and the ``--overlong``
 rule's (:func:`packprep.plan.overlong_fates`, decided for a sample from its length, before packing).
 

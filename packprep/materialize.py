@@ -18,12 +18,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from .encode import Ledger
+from .ledger import Ledger
 from .fates import DROPPED, EMPTIED, TRUNCATED
 from .layout import IGNORE_INDEX, ROW_SCHEMA
 from .packing import index_dtype
 from .plan import overlong_fates
-from .read import Part
+from .parts import Part
 
 RUNNING_BLOCK = 1 << 20  # values summed at a time into int64 (see _running_total)
 

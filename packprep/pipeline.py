@@ -21,7 +21,8 @@ from .card import length_histograms, render_card
 from .assistant_turns import REASONING
 from .control_text import MODES as CONTENT_SPECIAL
 from .cost import model_cost
-from .encode import FATES, PACKED, REJECTED, SPLIT, Encoding, Ledger, top_reasons
+from .encode import FATES, PACKED, REJECTED, SPLIT, Encoding
+from .ledger import Ledger, top_reasons
 from .engines import Engine, LocalEngine, make_engine, runs_per_item
 from .errors import ConfigError, InputError, check_range
 from .layout import DEFAULT_LAYOUT, FILES, get_layout
@@ -32,7 +33,9 @@ from .packing import ROW_ORDERS, STRATEGY_TABLE, Bins, lower_bound, order_bins
 from .plan import check_overlong, check_strategy, plan_bins
 from .progress import Progress
 from .mix import UNSAMPLED, Mixture, input_starts, open_inputs, plan_rounds
-from .read import Part, PartPlan, Source, file_sha256, scan_json_chunk
+from .json_scan import scan_json_chunk
+from .parts import Part, PartPlan
+from .read import Source, file_sha256
 from .split import membership
 from .template_inputs import DEFAULT_DATE, check_date, check_template_args
 from .tokenize import BACKENDS, TRAIN_ON, tokenizer_fingerprint
@@ -400,7 +403,7 @@ def _manifest(config, described: dict, ledger, sequences: int, segments, shards)
 # ---------------------------------------------------------------------------------------------
 
 def plan_parts(sources: list[Source], engine: Engine) -> list[Part]:
-    """The parts the encode stage reads (:class:`packprep.read.PartPlan`), its JSON arrays scanned in
+    """The parts the encode stage reads (:class:`packprep.parts.PartPlan`), its JSON arrays scanned in
     chunks on ``engine``, all in one stage."""
     plan = PartPlan.start(sources, engine.workers)
     scans = plan.scans

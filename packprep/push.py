@@ -126,20 +126,9 @@ def push(
     commit_message: str | None = None,
 ) -> PushResult:
     """Verify ``folder`` and upload it to the dataset repo ``repo_id``; return the commit URL."""
-    from .verify import verify
-
     _check_repo_id(repo_id)
     folder = Path(folder)
-    # a stack's own layout (padded rows, other files) cannot be read back; its source was verified
-    # when it was exported, and verify still checks its files against the manifest
-    try:
-        failures = [failure for failure in verify(folder).failures if failure.check != "layout"]
-    except UnreadableLayout:  # raised only once its files matched the manifest
-        failures = []
-    if failures:
-        shown = "\n  ".join(str(failure) for failure in failures[:10])
-        more = f"\n  ... and {len(failures) - 10} more" if len(failures) > 10 else ""
-        raise VerifyError(f"{folder} fails verification, so it is not pushed; pack it again:\n  {shown}{more}")
+    _refuse_unverified(folder)
     manifest = json.loads((folder / "packprep.json").read_text())
     local = _local_files(folder, manifest)
 
@@ -162,19 +151,7 @@ def push(
                     f"first, then create the branch (hf repos branch create {repo_id} {revision} --repo-type dataset)"
                 )
             api.create_repo(repo_id, repo_type=REPO_TYPE, private=private, exist_ok=True)
-        remote = {
-            entry.path: entry
-            for entry in api.list_repo_tree(repo_id, repo_type=REPO_TYPE, revision=revision, recursive=True)
-            if hasattr(entry, "blob_id")  # files, not folders
-        }
-        changed, unchanged = [], []
-        for item in local:
-            (unchanged if _same(item, remote.get(item.path)) else changed).append(item)
-        local_paths = {item.path for item in local}
-        deleted = sorted(
-            path for path in remote
-            if path not in local_paths and (path.startswith("data/") or path == "rejects.jsonl")
-        )
+        changed, unchanged, deleted = _diff(api, repo_id, revision, local)
         batches = _plan(changed, deleted)
         for number, (adds, deletes) in enumerate(batches, start=1):
             operations = [_add_operation(item) for item in adds] + [_delete_operation(path) for path in deletes]
@@ -199,6 +176,40 @@ def push(
     result.unchanged = [item.path for item in unchanged]
     result.deleted = deleted
     return result
+
+
+def _refuse_unverified(folder: Path) -> None:
+    """Raise VerifyError unless ``folder`` passes verify: a broken folder is never pushed."""
+    from .verify import verify
+
+    # a stack's own layout (padded rows, other files) cannot be read back; its source was verified
+    # when it was exported, and verify still checks its files against the manifest
+    try:
+        failures = [failure for failure in verify(folder).failures if failure.check != "layout"]
+    except UnreadableLayout:  # raised only once its files matched the manifest
+        failures = []
+    if failures:
+        shown = "\n  ".join(str(failure) for failure in failures[:10])
+        more = f"\n  ... and {len(failures) - 10} more" if len(failures) > 10 else ""
+        raise VerifyError(f"{folder} fails verification, so it is not pushed; pack it again:\n  {shown}{more}")
+
+
+def _diff(api, repo_id: str, revision: str | None, local: list) -> tuple[list, list, list[str]]:
+    """The local files that differ from the repo's, those that match, and the repo's stale data files."""
+    remote = {
+        entry.path: entry
+        for entry in api.list_repo_tree(repo_id, repo_type=REPO_TYPE, revision=revision, recursive=True)
+        if hasattr(entry, "blob_id")  # files, not folders
+    }
+    changed, unchanged = [], []
+    for item in local:
+        (unchanged if _same(item, remote.get(item.path)) else changed).append(item)
+    local_paths = {item.path for item in local}
+    deleted = sorted(
+        path for path in remote
+        if path not in local_paths and (path.startswith("data/") or path == "rejects.jsonl")
+    )
+    return changed, unchanged, deleted
 
 
 def check_credentials(token: str | None = None) -> str:

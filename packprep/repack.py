@@ -23,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .encode import PACKED, REJECTED, TRUNCATED, Ledger
+from .encode import PACKED, REJECTED, TRUNCATED
+from .ledger import Ledger
 from .engines import make_engine
 from .errors import ConfigError
 from .layout import DEFAULT_LAYOUT, ShardReader, get_layout, list_column, readable_layout

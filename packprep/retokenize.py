@@ -20,7 +20,8 @@ import numpy as np
 
 from .layout import IGNORE_INDEX, ShardReader
 from .normalize import FieldNames, Policy, Rejected, detect_format, fit_to_template, normalize
-from .read import file_sha256, resolve_inputs, stream_records
+from .parts import stream_records
+from .read import file_sha256, resolve_inputs
 from .control_text import ControlText
 from .encode import chosen_record
 from .render import ChatTemplate, Rendered, render_conversation

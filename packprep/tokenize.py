@@ -322,7 +322,7 @@ class ChatEncoder:
     def _encode_markup(self, r: Rendered) -> tuple[np.ndarray, list[int]]:
         """Ids and cuts of a text whose content spells control tokens (control_text.py)."""
         if self._post is None:
-            from .tiktoken_backend import added_by_post_processor
+            from .tiktoken_convert import added_by_post_processor
 
             self._post = added_by_post_processor(self._backend)
         ids, offsets = encode_with_markup(self._backend, r, self._control.tokens, self._post)

@@ -1,7 +1,7 @@
-"""A JSON array is cut between its items and each range parsed on its own (read._json_cuts,
-read._json_range_records): the records, and every error with its place in the file, are the whole-file
+"""A JSON array is cut between its items and each range parsed on its own (json_scan._json_cuts,
+parts._json_range_records): the records, and every error with its place in the file, are the whole-file
 reader's, wherever the cuts fall and wherever the planner's and the workers' blocks end. The planner scans
-the array in chunks, in parallel (read.scan_json_chunk): the cuts are the commas between items that json
+the array in chunks, in parallel (json_scan.scan_json_chunk): the cuts are the commas between items that json
 finds, whatever the chunks and blocks.
 """
 
@@ -16,10 +16,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import packprep
-from packprep import pipeline, read
+from packprep import json_scan, pipeline, read
 from packprep.engines import LocalEngine
 from packprep.errors import InputError
-from packprep.read import Source, plan_parts, read_part, read_records
+from packprep.parts import first_records, plan_parts, read_part
+from packprep.read import Source, read_records
 
 from .conftest import EXAMPLE_CHATS, EXAMPLE_TOKENIZER
 
@@ -42,7 +43,7 @@ def read_both(path: Path, part_bytes: int, scan_bytes: int = 7, read_bytes: int 
         for name, value in (("MIN_PART_BYTES", part_bytes), ("PART_BYTES", part_bytes),
                             ("JSON_SCAN_BYTES", scan_bytes), ("JSON_READ_BYTES", read_bytes),
                             ("JSON_CHUNK_BYTES", 1)):
-            patch.setattr(read, name, value)
+            patch.setattr(f"packprep.{'json_scan' if name.startswith('JSON') else 'parts'}.{name}", value)
         parts = plan_parts([Source(str(path), kind)], workers=chunks)  # the part size stays part_bytes
         cut = outcome(lambda: (r for part in parts for r in read_part(part)))
     return whole, cut, parts
@@ -162,8 +163,8 @@ def test_pack_fails_on_the_first_error_in_the_file_whatever_the_workers_finish_f
     path.write_text(text[:at] + '"' + text[at:to] + '"' + text[to:])
     with pytest.raises(InputError) as whole:
         list(read_records(Source(str(path), "json")))
-    monkeypatch.setattr(read, "MIN_PART_BYTES", 2_000)
-    monkeypatch.setattr(read, "PART_BYTES", 2_000)
+    monkeypatch.setattr("packprep.parts.MIN_PART_BYTES", 2_000)
+    monkeypatch.setattr("packprep.parts.PART_BYTES", 2_000)
     parts = plan_parts([Source(str(path), "json")], 2)
     failing = []
     for part in parts:
@@ -179,9 +180,9 @@ def test_pack_fails_on_the_first_error_in_the_file_whatever_the_workers_finish_f
 
 def item_commas(data: bytes) -> list[int]:
     """The bytes of the commas between the items of a JSON array, as json's own scanner finds them."""
-    bom = len(read.BOM) if data.startswith(read.BOM) else 0
+    bom = len(json_scan.BOM) if data.startswith(json_scan.BOM) else 0
     text = data[bom:].decode()
-    scan, skip = json.JSONDecoder().scan_once, read._WHITESPACE
+    scan, skip = json.JSONDecoder().scan_once, json_scan._WHITESPACE
     commas, pos = [], skip(text, skip(text, 0).end() + 1).end()
     while text[pos] != "]":
         pos = skip(text, scan(text, pos)[1]).end()
@@ -206,8 +207,8 @@ def expected_pieces(data: bytes, target: int) -> list[tuple] | None:
 
 def scanned(path: Path, bounds: list[int], target: int) -> list[tuple] | None:
     """The planner's ranges of the array at ``path``, its chunks between ``bounds`` scanned one by one."""
-    chunks = read._json_chunks(str(path), bounds, target)
-    return read._json_cuts(chunks, [read.scan_json_chunk(None, c) for c in chunks], bounds[-1], target)
+    chunks = json_scan._json_chunks(str(path), bounds, target)
+    return json_scan._json_cuts(chunks, [json_scan.scan_json_chunk(None, c) for c in chunks], bounds[-1], target)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -218,13 +219,13 @@ def test_chunks_scanned_apart_cut_at_the_commas_json_finds(tmp_path_factory, ite
                                                            target, scan_bytes, data):
     """Chunks and blocks ending anywhere (in strings, in backslash runs, in nested values, or holding
     no comma at all) give the cuts between the items json finds, for each multiple of the part size."""
-    raw = (read.BOM if bom else b"") + (space + json.dumps(items, ensure_ascii=ensure_ascii, indent=indent)
+    raw = (json_scan.BOM if bom else b"") + (space + json.dumps(items, ensure_ascii=ensure_ascii, indent=indent)
                                         + space).encode()
     path = tmp_path_factory.mktemp("array") / "items.json"
     path.write_bytes(raw)
     inner = data.draw(st.lists(st.integers(0, len(raw)), max_size=8), label="chunk bounds")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(read, "JSON_SCAN_BYTES", scan_bytes)
+        patch.setattr("packprep.json_scan.JSON_SCAN_BYTES", scan_bytes)
         assert scanned(path, sorted({0, len(raw), *inner}), target) == expected_pieces(raw, target)
 
 
@@ -251,10 +252,10 @@ def test_the_cuts_are_the_same_for_any_chunks_and_engine_and_so_are_the_shards(t
     inputs[0].write_text(json.dumps([json.loads(line) for line in lines[:150]], indent=1))
     inputs[2].write_text(json.dumps([json.loads(line) for line in lines[150:]]))
     sources = read.resolve_inputs([str(p) for p in inputs])
-    monkeypatch.setattr(read, "MIN_PART_BYTES", 20_000)
-    monkeypatch.setattr(read, "PART_BYTES", 20_000)
+    monkeypatch.setattr("packprep.parts.MIN_PART_BYTES", 20_000)
+    monkeypatch.setattr("packprep.parts.PART_BYTES", 20_000)
     one_chunk = plan_parts(sources, 3)
-    monkeypatch.setattr(read, "JSON_CHUNK_BYTES", 1)  # about a chunk a worker in all
+    monkeypatch.setattr("packprep.json_scan.JSON_CHUNK_BYTES", 1)  # about a chunk a worker in all
     assert pipeline.plan_parts(sources, LocalEngine(3)) == plan_parts(sources, 3) == one_chunk
     assert [p.kind for p in one_chunk].count("json-range") > 10
     settings = {"max_len": 512, "seed": 3, "shard_size": "100KB"}
@@ -273,7 +274,7 @@ def test_format_detection_reads_the_first_items_of_an_array_not_the_whole_file(t
              for i in range(300)]
     broken = tmp_path / "chats.json"
     broken.write_text("[\n" + ",\n".join(items) + ",\n{oops}\n]\n")
-    first = read.first_records(Source(str(broken), "json"), 100)
+    first = first_records(Source(str(broken), "json"), 100)
     assert [r.data for r in first] == [json.loads(item) for item in items[:100]]
     with pytest.raises(InputError, match="line 302"):
         list(read_records(Source(str(broken), "json")))
@@ -281,7 +282,7 @@ def test_format_detection_reads_the_first_items_of_an_array_not_the_whole_file(t
     early = tmp_path / "early.json"  # a fault among the first records: the whole-file reader's message
     early.write_text("[\n" + items[0] + ",\n{oops}\n]\n")
     with pytest.raises(InputError) as streamed:
-        read.first_records(Source(str(early), "json"), 100)
+        first_records(Source(str(early), "json"), 100)
     with pytest.raises(InputError) as whole:
         list(read_records(Source(str(early), "json")))
     assert str(streamed.value) == str(whole.value)

@@ -7,8 +7,8 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "packprep"
-STEPS = {"read", "normalize", "render", "render_onepass", "tokenize", "tiktoken_backend", "tokenizer_folder",
-         "encode", "plan", "packing", "materialize", "write", "join", "layout", "layouts"}
+STEPS = {"read", "parts", "json_scan", "normalize", "render", "render_onepass", "tokenize", "tiktoken_backend", "tiktoken_convert", "tokenizer_folder",
+         "encode", "ledger", "plan", "packing", "packing_kernels", "materialize", "write", "join", "layout", "layouts"}
 NOT_FROM_STEPS = {"engines", "verify", "pipeline"}
 
 

@@ -1,6 +1,6 @@
 """Workers read their own parts of the inputs: cut points, and output independent of the cut.
 
-The inputs are cut into parts (read.plan_parts) that workers read, normalize and encode on their
+The inputs are cut into parts (parts.plan_parts) that workers read, normalize and encode on their
 own; the driver numbers records across parts. These tests cut real files into many tiny parts and
 check that nothing about the output depends on it: shards, rejects.jsonl (with its file-level
 line and record numbers) and the manifest are the same bytes as reading each file whole.
@@ -18,9 +18,9 @@ import pyarrow.parquet as pq
 import pytest
 
 import packprep
-from packprep import read
 from packprep.errors import InputError
-from packprep.read import Source, plan_parts, read_part, read_records
+from packprep.parts import plan_parts, read_part
+from packprep.read import Source, read_records
 
 from .conftest import EXAMPLE_CHATS, EXAMPLE_TOKENIZER
 
@@ -31,8 +31,8 @@ BAD = Path(__file__).parent / "bad_inputs"
 @pytest.fixture
 def tiny_parts(monkeypatch):
     """Parts of about 8 KB: the example (~1 MB) becomes a hundred of them."""
-    monkeypatch.setattr(read, "MIN_PART_BYTES", 8_000)
-    monkeypatch.setattr(read, "PART_BYTES", 8_000)
+    monkeypatch.setattr("packprep.parts.MIN_PART_BYTES", 8_000)
+    monkeypatch.setattr("packprep.parts.PART_BYTES", 8_000)
 
 
 @pytest.fixture(scope="module")
@@ -145,8 +145,8 @@ def test_output_does_not_depend_on_how_inputs_are_cut(tmp_path, messy_jsonl, mon
     inputs = [str(messy_jsonl), str(tmp_path / "chats.parquet")]
     settings = {"max_len": 256, "seed": 1, "shard_size": "100KB"}
     whole = packprep.pack(inputs, tmp_path / "whole", TOKENIZER, num_proc=1, **settings)
-    monkeypatch.setattr(read, "MIN_PART_BYTES", 8_000)
-    monkeypatch.setattr(read, "PART_BYTES", 8_000)
+    monkeypatch.setattr("packprep.parts.MIN_PART_BYTES", 8_000)
+    monkeypatch.setattr("packprep.parts.PART_BYTES", 8_000)
     assert len(plan_parts(packprep.read.resolve_inputs(inputs), num_proc)) > 20
     cut = packprep.pack(inputs, tmp_path / "cut", TOKENIZER, num_proc=num_proc, **settings)
     assert cut == whole
@@ -175,8 +175,8 @@ def test_output_of_arrays_streams_and_saved_datasets_does_not_depend_on_the_cut(
     inputs = [str(array)] + [s.path for s in _table_inputs(tmp_path, rows)[2:4]]
     settings = {"max_len": 256, "seed": 1, "shard_size": "100KB"}
     whole = packprep.pack(inputs, tmp_path / "whole", TOKENIZER, num_proc=1, **settings)
-    monkeypatch.setattr(read, "MIN_PART_BYTES", 8_000)
-    monkeypatch.setattr(read, "PART_BYTES", 8_000)
+    monkeypatch.setattr("packprep.parts.MIN_PART_BYTES", 8_000)
+    monkeypatch.setattr("packprep.parts.PART_BYTES", 8_000)
     parts = plan_parts(packprep.read.resolve_inputs(inputs), 2)
     assert len(parts) > 40 and {p.kind for p in parts} == {"json-range", "arrow-batches"}
     cut = packprep.pack(inputs, tmp_path / "cut", TOKENIZER, num_proc=2, **settings)
@@ -205,8 +205,8 @@ def test_on_error_fail_names_the_line_in_the_file_not_in_the_part(tmp_path, tiny
 
 def test_blank_lines_at_the_end_of_a_part_still_count_for_the_next_parts_line_numbers(tmp_path, monkeypatch):
     """Line numbers go on across parts even where a part ends in blank lines (read, not yielded)."""
-    monkeypatch.setattr(read, "MIN_PART_BYTES", 300)
-    monkeypatch.setattr(read, "PART_BYTES", 300)
+    monkeypatch.setattr("packprep.parts.MIN_PART_BYTES", 300)
+    monkeypatch.setattr("packprep.parts.PART_BYTES", 300)
     good = json.dumps({"conversations": [{"from": "human", "value": "Hi?"}, {"from": "gpt", "value": "Hello."}]})
     lines = []
     for block in range(40):

@@ -220,11 +220,10 @@ def test_pack_on_four_nodes_writes_the_local_engines_bytes(cluster, tmp_path, mo
     """The whole pipeline on the cluster: parts read, encoded and spilled by tasks on every node,
     shards written and checked by tasks; the folder is byte-identical to the local engine's."""
     import packprep
-    from packprep import read
 
     from .conftest import EXAMPLE_CHATS, EXAMPLE_TOKENIZER
 
-    monkeypatch.setattr(read, "MIN_PART_BYTES", 50_000)  # a dozen parts, so that every node reads some
+    monkeypatch.setattr("packprep.parts.MIN_PART_BYTES", 50_000)  # a dozen parts, so that every node reads some
     settings = {"max_len": 512, "seed": 3, "shard_size": "100KB"}
     local = packprep.pack(str(EXAMPLE_CHATS), tmp_path / "local", str(EXAMPLE_TOKENIZER), num_proc=2, **settings)
     on_ray = packprep.pack(str(EXAMPLE_CHATS), tmp_path / "ray", str(EXAMPLE_TOKENIZER), num_proc=NODES,
@@ -237,21 +236,21 @@ def test_pack_on_four_nodes_writes_the_local_engines_bytes(cluster, tmp_path, mo
 
 
 def test_a_json_arrays_scan_runs_on_the_cluster_and_cuts_where_one_chunk_does(engine, tmp_path, monkeypatch):
-    """The planner's chunks of a JSON array are scanned by tasks on the nodes (read.scan_json_chunk): the
+    """The planner's chunks of a JSON array are scanned by tasks on the nodes (json_scan.scan_json_chunk): the
     same parts as the whole array scanned as one chunk here."""
     import json
 
-    from packprep import pipeline, read
+    from packprep import parts, pipeline, read
 
     from .conftest import EXAMPLE_CHATS
 
     path = tmp_path / "chats.json"
     path.write_text(json.dumps([json.loads(line) for line in EXAMPLE_CHATS.read_text().splitlines()], indent=1))
     sources = read.resolve_inputs([str(path)])
-    monkeypatch.setattr(read, "MIN_PART_BYTES", 20_000)
-    monkeypatch.setattr(read, "PART_BYTES", 20_000)
-    one_chunk = read.plan_parts(sources, NODES)
-    monkeypatch.setattr(read, "JSON_CHUNK_BYTES", 1)  # a chunk a node
+    monkeypatch.setattr("packprep.parts.MIN_PART_BYTES", 20_000)
+    monkeypatch.setattr("packprep.parts.PART_BYTES", 20_000)
+    one_chunk = parts.plan_parts(sources, NODES)
+    monkeypatch.setattr("packprep.json_scan.JSON_CHUNK_BYTES", 1)  # a chunk a node
     assert pipeline.plan_parts(sources, engine) == one_chunk
     assert len(one_chunk) > 10 and {p.kind for p in one_chunk} == {"json-range"}
 

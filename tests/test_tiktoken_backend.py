@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import packprep
-from packprep import encode, tiktoken_backend
+from packprep import encode, tiktoken_backend, tiktoken_convert
 from packprep.errors import ConfigError
 from packprep.normalize import Conversation, Rejected
 from packprep.tiktoken_backend import TiktokenBackend, check_equivalence, guard_sample
@@ -141,7 +141,7 @@ def test_texts_encoded_in_one_call_come_out_as_if_encoded_alone():
     that separator ("a<se" in "xa<sep>b") must not change what either text encodes to."""
     import tiktoken
 
-    encoding = tiktoken.Encoding("bytes", pat_str=tiktoken_backend.GPT2_PATTERN,
+    encoding = tiktoken.Encoding("bytes", pat_str=tiktoken_convert.GPT2_PATTERN,
                                  mergeable_ranks={bytes([b]): b for b in range(256)},
                                  special_tokens={"<sep>": 256, "a<se": 257})
     backend = TiktokenBackend(encoding, np.array([1] * 256 + [5, 4]), False, [], [], 1)
@@ -320,7 +320,7 @@ CORRUPTIONS = {
     "record of other code": lambda ranks, record: _rewrite_record(
         record, lambda meta: meta["key"].update(code="0" * 64)),
     "record of another split pattern": lambda ranks, record: _rewrite_record(
-        record, lambda meta: meta.update(pattern=tiktoken_backend.GPT2_PATTERN)),
+        record, lambda meta: meta.update(pattern=tiktoken_convert.GPT2_PATTERN)),
     "record with other guard ids": lambda ranks, record: _rewrite_record(
         record, lambda meta: meta["guard"]["ids"][0][0].append(0)),
     "record of other special tokens": lambda ranks, record: _rewrite_record(
@@ -466,7 +466,8 @@ def test_a_difference_in_the_data_reruns_the_encode_stage_with_hf(tmp_path, monk
     characters, in a process beside the workers) finds the difference, the encode stage
     runs again with HF, and the output is HF's, byte for byte, with one process or two; the manifest
     says hf and the verdict is cached. Without the guard the output would be wrong."""
-    from packprep.read import plan_parts, resolve_inputs
+    from packprep.parts import plan_parts
+    from packprep.read import resolve_inputs
 
     tokenizer = fixture_tokenizer("llama3")
     assert not any(WORD in text for text in guard_sample(load_tokenizer(tokenizer)))

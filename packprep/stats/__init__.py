@@ -38,7 +38,8 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from ..cost import model_cost
-from ..encode import Encoding, Ledger, top_reasons
+from ..encode import Encoding
+from ..ledger import Ledger, top_reasons
 from ..engines import make_engine
 from ..errors import ConfigError
 from ..normalize import CHANGES
@@ -138,6 +139,15 @@ def stats(
         "turns_not_located": tally.turns_not_located,
         "turn_context": {"policy": config.turn_context, **tally.context_counts(), "policies": policies},
         "normalized": {name: tally.changes.get(name, 0) for name in CHANGES},
+        **_length_sections(lengths, supervised, turns, max_lens),
+        "what_if": _what_if_section(config, global_batch_size, epochs, dp_size, rows_per_step, table),
+        **({"mixture": mixed} if mixture is not None else {}),
+    }
+
+
+def _length_sections(lengths, supervised, turns, max_lens) -> dict:
+    """The report's token totals, distributions, histogram and over-max_len counts."""
+    return {
         "tokens": {"total": int(lengths.sum()), "supervised": int(supervised.sum())},
         "distribution": {
             "tokens": distribution(lengths),
@@ -146,16 +156,20 @@ def stats(
         },
         "histogram": {"of": "tokens", "bins": log_histogram(lengths)},
         "over_max_len": {str(m): int((lengths > m).sum()) for m in max_lens},
-        "what_if": {
-            "global_batch_size": int(global_batch_size),
-            "epochs": int(epochs),
-            "overlong": config.overlong,
-            "seed": config.seed,
-            **({"dp_size": int(dp_size), "rows_per_step": int(rows_per_step),
-                "cost_model": model_cost(config.model_config).as_dict()} if dp_size else {}),
-            "rows": table,
-        },
-        **({"mixture": mixed} if mixture is not None else {}),
+    }
+
+
+def _what_if_section(config, global_batch_size: int, epochs: int, dp_size: int | None, rows_per_step: int,
+                     table: list) -> dict:
+    """The what-if table with the settings it was computed under."""
+    return {
+        "global_batch_size": int(global_batch_size),
+        "epochs": int(epochs),
+        "overlong": config.overlong,
+        "seed": config.seed,
+        **({"dp_size": int(dp_size), "rows_per_step": int(rows_per_step),
+            "cost_model": model_cost(config.model_config).as_dict()} if dp_size else {}),
+        "rows": table,
     }
 
 

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..encode import Encoding, Ledger
+from ..encode import Encoding
+from ..ledger import Ledger
 from ..errors import ConfigError, InputError
 from ..pipeline import plan_parts
 from ..progress import Progress

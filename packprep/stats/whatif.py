@@ -7,6 +7,7 @@ are exactly what ``pack`` produces.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 import numpy as np
@@ -89,6 +90,26 @@ def what_if(
     ``step_efficiency_balanced`` (as ``pack --balance-dp``; None for a strategy it does not apply to)
     and ``attention_share`` (the cost model's share of attention in these rows).
     """
+    lengths, supervised = _as_arrays(lengths, supervised)
+    max_lens, strategies = check_plan(max_lens, strategies, global_batch_size, epochs, overlong, samples_per_row)
+    global_batch_size, epochs = int(global_batch_size), int(epochs)
+    cost = cost or model_cost()
+    table = []
+    for max_len in max_lens:
+        fit = _fit(lengths, supervised, max_len, overlong, supervised_within, split_masked)
+        for strategy in strategies:
+            bins, entry, row_lengths = _plan(fit.lens, max_len, strategy, seed, samples_per_row, partition_size,
+                                             split=overlong == "split")
+            table.append({
+                **_row(fit, max_len, strategy, entry, row_lengths, global_batch_size, epochs),
+                **(_steps(bins, fit.lens, entry, max_len, strategy, dp_size, rows_per_step, cost, seed)
+                   if dp_size else {}),
+            })
+    return table
+
+
+def _as_arrays(lengths, supervised) -> tuple[np.ndarray, np.ndarray]:
+    """``lengths`` and ``supervised`` as int64 arrays, checked: 1-D, each length >= 1, one value each."""
     lengths = np.asarray(lengths, dtype=np.int64)
     if lengths.ndim != 1:
         raise ValueError("lengths must be 1-D")
@@ -97,67 +118,80 @@ def what_if(
     supervised = np.zeros_like(lengths) if supervised is None else np.asarray(supervised, dtype=np.int64)
     if supervised.shape != lengths.shape:
         raise ValueError("supervised must have one value per length")
-    max_lens, strategies = check_plan(max_lens, strategies, global_batch_size, epochs, overlong, samples_per_row)
-    global_batch_size, epochs = int(global_batch_size), int(epochs)
-    cost = cost or model_cost()
-    table = []
-    for max_len in max_lens:
-        over = lengths > max_len
-        n_over = int(over.sum())
-        if supervised_within is not None and max_len in supervised_within:
-            within = np.asarray(supervised_within[max_len], dtype=np.int64)
-        else:
-            within = np.where(over, np.minimum(supervised, max_len - 1), supervised)
-        fates = overlong_fates(lengths, max_len, overlong, within)
-        keep = fates <= TRUNCATED
-        cut = fates == TRUNCATED
-        lens = np.where(cut, max_len, lengths)[keep]
-        # truncated samples lose what is past max_len; rejected ones lose everything
-        lost = int(lengths[~keep].sum()) + int(lengths[cut].sum()) - max_len * int(cut.sum())
-        sup = int((within if overlong == "truncate" else supervised)[keep].sum())
-        masked, split_exact = 0, not n_over
-        if overlong == "split" and n_over and split_masked is not None and max_len in split_masked:
-            masked, split_exact = int(np.asarray(split_masked[max_len], dtype=np.int64).sum()), True
-        rejected = int((~keep).sum())
-        tokens = int(lens.sum())
-        pieces = None
-        if overlong == "split" and n_over:
-            _, _, pieces = split_pieces(lens, max_len)
-        pad_attention = int(np.square(pieces if pieces is not None else lens, dtype=np.int64).sum())
-        for strategy in strategies:
-            bins, entry, row_lengths = _plan(lens, max_len, strategy, seed, samples_per_row, partition_size,
-                                             split=overlong == "split")
-            rows = len(row_lengths)
-            width = max(max_len, int(row_lengths.max()) if rows else 0)
-            sup_here, exact = sup, True
-            if pieces is not None and not STRATEGY_TABLE[strategy].rows_may_exceed_max_len:
-                sup_here, exact = sup - masked, split_exact  # first labels of pieces become -100
-            if STRATEGY_TABLE[strategy].cuts_samples and len(entry) > (len(pieces) if pieces is not None else len(lens)):
-                exact = False  # the strategy cut samples at places only the labels know
-            attention = int(np.square(entry).sum())
-            table.append(
-                {
-                    "max_len": max_len,
-                    "strategy": strategy,
-                    "rows": rows,
-                    "tokens": tokens,
-                    "efficiency": round(tokens / (rows * width), 6) if rows else 0.0,
-                    "padding_tokens": rows * width - tokens,
-                    "overlong_samples": n_over,
-                    "overlong_tokens_lost": lost,
-                    "rejected": rejected,
-                    "sequences": int(len(entry)),
-                    "samples_per_row": round(len(entry) / rows, 3) if rows else 0.0,
-                    "supervised_tokens": sup_here,
-                    "supervised_exact": exact,
-                    "optimizer_steps": -(-rows // global_batch_size) * epochs,
-                    "attention_cost": attention,
-                    "attention_vs_pad": round(attention / pad_attention, 4) if pad_attention else 0.0,
-                    **(_steps(bins, lens, entry, max_len, strategy, dp_size, rows_per_step, cost, seed)
-                       if dp_size else {}),
-                }
-            )
-    return table
+    return lengths, supervised
+
+
+@dataclass(frozen=True)
+class _Fit:
+    """The samples kept at one max_len under ``--overlong``, and what the cut cost."""
+
+    lens: np.ndarray  # the kept samples' lengths, truncated ones at max_len
+    n_over: int
+    lost: int
+    sup: int
+    masked: int
+    split_exact: bool
+    rejected: int
+    tokens: int
+    pieces: np.ndarray | None  # the pieces' lengths under split, if any sample is over
+    pad_attention: int
+
+
+def _fit(lengths, supervised, max_len, overlong, supervised_within, split_masked) -> _Fit:
+    over = lengths > max_len
+    n_over = int(over.sum())
+    if supervised_within is not None and max_len in supervised_within:
+        within = np.asarray(supervised_within[max_len], dtype=np.int64)
+    else:
+        within = np.where(over, np.minimum(supervised, max_len - 1), supervised)
+    fates = overlong_fates(lengths, max_len, overlong, within)
+    keep = fates <= TRUNCATED
+    cut = fates == TRUNCATED
+    lens = np.where(cut, max_len, lengths)[keep]
+    # truncated samples lose what is past max_len; rejected ones lose everything
+    lost = int(lengths[~keep].sum()) + int(lengths[cut].sum()) - max_len * int(cut.sum())
+    sup = int((within if overlong == "truncate" else supervised)[keep].sum())
+    masked, split_exact = 0, not n_over
+    if overlong == "split" and n_over and split_masked is not None and max_len in split_masked:
+        masked, split_exact = int(np.asarray(split_masked[max_len], dtype=np.int64).sum()), True
+    pieces = None
+    if overlong == "split" and n_over:
+        _, _, pieces = split_pieces(lens, max_len)
+    pad_attention = int(np.square(pieces if pieces is not None else lens, dtype=np.int64).sum())
+    return _Fit(lens, n_over, lost, sup, masked, split_exact, int((~keep).sum()), int(lens.sum()), pieces,
+                pad_attention)
+
+
+def _row(fit: _Fit, max_len: int, strategy: str, entry, row_lengths, global_batch_size: int, epochs: int) -> dict:
+    """One what-if row: a strategy's rows, efficiency, supervised tokens and attention at max_len."""
+    rows = len(row_lengths)
+    width = max(max_len, int(row_lengths.max()) if rows else 0)
+    sup_here, exact = fit.sup, True
+    if fit.pieces is not None and not STRATEGY_TABLE[strategy].rows_may_exceed_max_len:
+        sup_here, exact = fit.sup - fit.masked, fit.split_exact  # first labels of pieces become -100
+    if STRATEGY_TABLE[strategy].cuts_samples and len(entry) > (
+        len(fit.pieces) if fit.pieces is not None else len(fit.lens)
+    ):
+        exact = False  # the strategy cut samples at places only the labels know
+    attention = int(np.square(entry).sum())
+    return {
+        "max_len": max_len,
+        "strategy": strategy,
+        "rows": rows,
+        "tokens": fit.tokens,
+        "efficiency": round(fit.tokens / (rows * width), 6) if rows else 0.0,
+        "padding_tokens": rows * width - fit.tokens,
+        "overlong_samples": fit.n_over,
+        "overlong_tokens_lost": fit.lost,
+        "rejected": fit.rejected,
+        "sequences": int(len(entry)),
+        "samples_per_row": round(len(entry) / rows, 3) if rows else 0.0,
+        "supervised_tokens": sup_here,
+        "supervised_exact": exact,
+        "optimizer_steps": -(-rows // global_batch_size) * epochs,
+        "attention_cost": attention,
+        "attention_vs_pad": round(attention / fit.pad_attention, 4) if fit.pad_attention else 0.0,
+    }
 
 
 def _steps(bins, lens, entry, max_len, strategy, dp_size, rows_per_step, cost, seed) -> dict:

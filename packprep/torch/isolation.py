@@ -69,52 +69,13 @@ def check_isolation(
     if device is None:
         device = next(model.parameters()).device
     dtype = _model_dtype(model)
-    gen = torch.Generator().manual_seed(seed)
-    seqs = [torch.randint(0, vocab_size, (int(n),), generator=gen) for n in lengths]
-    rows = [
-        {"input_ids": s, "labels": s, "seq_lens": [len(s)]} for s in seqs
-    ]
-    packed_row = {
-        "input_ids": torch.cat(seqs),
-        "labels": torch.cat(seqs),
-        "seq_lens": [len(s) for s in seqs],
-    }
+    probe = _Probe(model, device, vocab_size, lengths, seed, via_collator)
     extra = dict(forward_kwargs or {})
-
-    def run(batch: dict, kwargs: Mapping[str, Any]) -> torch.Tensor:
-        call = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
-        call.update({k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()})
-        out = _refusing_forward(model, call, "packed sequences are NOT isolated: ")
-        logits = out.logits if hasattr(out, "logits") else out[0]
-        return logits[0].float()
-
-    def batch_for(row: dict, packing_kwargs: bool, collator: bool) -> dict:
-        full = collate_packed([row])
-        if collator:
-            b = {k: v for k, v in full.items() if k not in ("labels", "num_supervised_tokens")}
-        else:
-            b = {"input_ids": full["input_ids"], "position_ids": full["position_ids"]}
-            if packing_kwargs:
-                b.update({k: full[k] for k in _PACKING_KEYS})
-        return b
-
-    def measure(kwargs: Mapping[str, Any], packing_kwargs: bool = False, collator: bool = via_collator):
-        alone_kwargs = {k: v for k, v in kwargs.items() if k != "attention_mask"}
-        packed = run(batch_for(packed_row, packing_kwargs, collator), kwargs)
-        diffs, scale, start = [], 0.0, 0
-        for row, s in zip(rows, seqs):
-            alone = run(batch_for(row, packing_kwargs, collator), alone_kwargs)
-            part = packed[start : start + len(s)]
-            diffs.append(float((part - alone).abs().max()))
-            scale = max(scale, float(alone.abs().max()))
-            start += len(s)
-        return diffs, scale
-
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
-            diffs, scale = measure(extra)
+            diffs, scale = probe.measure(extra)
             tol = atol
             if tol is None:
                 tol = 1e-3 if dtype in (torch.float32, torch.float64) else max(0.25, 0.05 * scale)
@@ -126,50 +87,102 @@ def check_isolation(
                 f"sequence run alone by {max(diffs):.3g} (tolerance {tol:.3g}; attn_implementation="
                 f"{impl!r}, dtype={dtype}). "
             )
-            cause = None
-            if extra.get("attention_mask") is not None:
-                cause = (
-                    "An attention_mask was passed next to packed position_ids: transformers (SDPA/eager) "
-                    "then skips its packed-sequence detection and flash-attention treats the row as ONE "
-                    "sequence. Pass no attention_mask with packed rows (packprep.torch.collate_packed never does)."
-                )
-            elif extra.get("use_cache", getattr(cfg, "use_cache", False)) and not via_collator:
-                no_cache = dict(extra, use_cache=False)
-                d2, _ = measure(no_cache)
-                if max(d2) <= tol:
-                    cause = (
-                        "use_cache is True (model.config.use_cache defaults to True, also in training): "
-                        "transformers creates a KV cache and then skips its packed-sequence detection "
-                        "for SDPA/eager attention, so packed sequences attend across their boundaries. "
-                        "Pass use_cache=False in every forward (packprep.torch collators do) or set "
-                        "model.config.use_cache = False."
-                    )
-            if cause is None:
-                spans = list(zip(np.cumsum([0, *lengths[:-1]]).tolist(), list(lengths)))
-                packed_call = {**batch_for(packed_row, False, via_collator), **extra}
-                alone_extra = {k: v for k, v in extra.items() if k != "attention_mask"}
-                cause = _layer_cause(model, _on(packed_call, device),
-                                     [_on({**batch_for(r, False, via_collator), **alone_extra}, device) for r in rows],
-                                     spans)
-            if cause is None:
-                d3, _ = measure(dict(extra, use_cache=False), packing_kwargs=True, collator=False)
-                if max(d3) <= tol and not via_collator:
-                    cause = (
-                        f"attention implementation {impl!r} ignores restarted position_ids; it isolates "
-                        "sequences only when given cu_seq_lens_q/k and max_length_q/k. Feed batches "
-                        "from packprep.torch.collate_packed."
-                    )
-                else:
-                    cause = (
-                        f"attention implementation {impl!r} ignores both position_ids and cu_seq_lens in this "
-                        "model (SDPA/eager read restarted position_ids only where the model passes them to its "
-                        "mask; GraniteMoeHybrid does not). Use one that reads cu_seq_lens: 'flash_attention_2' "
-                        "or packprep.torch.register_varlen_attention()."
-                    )
-            raise PackingIsolationError(head + cause)
+            raise PackingIsolationError(head + _cause(probe, extra, tol, impl))
     finally:
         if was_training:
             model.train()
+
+
+class _Probe:
+    """Two random sequences run packed in one row and each alone through ``model``."""
+
+    def __init__(self, model, device, vocab_size: int, lengths: Sequence[int], seed: int, via_collator: bool):
+        self.model, self.device, self.lengths, self.via_collator = model, device, lengths, via_collator
+        gen = torch.Generator().manual_seed(seed)
+        self.seqs = [torch.randint(0, vocab_size, (int(n),), generator=gen) for n in lengths]
+        self.rows = [{"input_ids": s, "labels": s, "seq_lens": [len(s)]} for s in self.seqs]
+        self.packed_row = {
+            "input_ids": torch.cat(self.seqs),
+            "labels": torch.cat(self.seqs),
+            "seq_lens": [len(s) for s in self.seqs],
+        }
+
+    def run(self, batch: dict, kwargs: Mapping[str, Any]) -> torch.Tensor:
+        call = {k: (v.to(self.device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+        call.update({k: (v.to(self.device) if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()})
+        out = _refusing_forward(self.model, call, "packed sequences are NOT isolated: ")
+        logits = out.logits if hasattr(out, "logits") else out[0]
+        return logits[0].float()
+
+    @staticmethod
+    def batch_for(row: dict, packing_kwargs: bool, collator: bool) -> dict:
+        full = collate_packed([row])
+        if collator:
+            b = {k: v for k, v in full.items() if k not in ("labels", "num_supervised_tokens")}
+        else:
+            b = {"input_ids": full["input_ids"], "position_ids": full["position_ids"]}
+            if packing_kwargs:
+                b.update({k: full[k] for k in _PACKING_KEYS})
+        return b
+
+    def measure(self, kwargs: Mapping[str, Any], packing_kwargs: bool = False, collator: bool | None = None):
+        """Each sequence's max abs logit difference, packed vs alone, and the largest logit seen."""
+        collator = self.via_collator if collator is None else collator
+        alone_kwargs = {k: v for k, v in kwargs.items() if k != "attention_mask"}
+        packed = self.run(self.batch_for(self.packed_row, packing_kwargs, collator), kwargs)
+        diffs, scale, start = [], 0.0, 0
+        for row, s in zip(self.rows, self.seqs):
+            alone = self.run(self.batch_for(row, packing_kwargs, collator), alone_kwargs)
+            part = packed[start : start + len(s)]
+            diffs.append(float((part - alone).abs().max()))
+            scale = max(scale, float(alone.abs().max()))
+            start += len(s)
+        return diffs, scale
+
+
+def _cause(probe: _Probe, extra: dict, tol: float, impl) -> str:
+    """Why the packed sequences were not isolated: tried in turn, the likeliest cause first."""
+    cfg = getattr(probe.model, "config", None)
+    via_collator, lengths = probe.via_collator, probe.lengths
+    if extra.get("attention_mask") is not None:
+        return (
+            "An attention_mask was passed next to packed position_ids: transformers (SDPA/eager) "
+            "then skips its packed-sequence detection and flash-attention treats the row as ONE "
+            "sequence. Pass no attention_mask with packed rows (packprep.torch.collate_packed never does)."
+        )
+    if extra.get("use_cache", getattr(cfg, "use_cache", False)) and not via_collator:
+        no_cache = dict(extra, use_cache=False)
+        d2, _ = probe.measure(no_cache)
+        if max(d2) <= tol:
+            return (
+                "use_cache is True (model.config.use_cache defaults to True, also in training): "
+                "transformers creates a KV cache and then skips its packed-sequence detection "
+                "for SDPA/eager attention, so packed sequences attend across their boundaries. "
+                "Pass use_cache=False in every forward (packprep.torch collators do) or set "
+                "model.config.use_cache = False."
+            )
+    spans = list(zip(np.cumsum([0, *lengths[:-1]]).tolist(), list(lengths)))
+    packed_call = {**probe.batch_for(probe.packed_row, False, via_collator), **extra}
+    alone_extra = {k: v for k, v in extra.items() if k != "attention_mask"}
+    cause = _layer_cause(probe.model, _on(packed_call, probe.device),
+                         [_on({**probe.batch_for(r, False, via_collator), **alone_extra}, probe.device)
+                          for r in probe.rows],
+                         spans)
+    if cause is not None:
+        return cause
+    d3, _ = probe.measure(dict(extra, use_cache=False), packing_kwargs=True, collator=False)
+    if max(d3) <= tol and not via_collator:
+        return (
+            f"attention implementation {impl!r} ignores restarted position_ids; it isolates "
+            "sequences only when given cu_seq_lens_q/k and max_length_q/k. Feed batches "
+            "from packprep.torch.collate_packed."
+        )
+    return (
+        f"attention implementation {impl!r} ignores both position_ids and cu_seq_lens in this "
+        "model (SDPA/eager read restarted position_ids only where the model passes them to its "
+        "mask; GraniteMoeHybrid does not). Use one that reads cu_seq_lens: 'flash_attention_2' "
+        "or packprep.torch.register_varlen_attention()."
+    )
 
 
 def _on(batch: Mapping[str, Any], device) -> dict:
