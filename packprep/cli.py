@@ -91,6 +91,15 @@ _TURN_CONTEXT = click.option(
 _NUM_PROC = click.option("--num-proc", default=None, type=int, help="Tokenizer processes [default: all cores].")
 
 
+def _label_options(command):
+    """--train-on, --turn-context, how records are read and --overlong: what pack and stats both apply."""
+    command = click.option("--overlong", default=DEFAULT.overlong, show_default=True, type=click.Choice(OVERLONG),
+                           help="What to do with a sample longer than --max-len.")(command)
+    command = _record_options(_TURN_CONTEXT(command))
+    return click.option("--train-on", default=DEFAULT.train_on, show_default=True, type=click.Choice(TRAIN_ON),
+                        help="Which tokens get labels: every assistant turn, only the last, or all tokens.")(command)
+
+
 def _template_args(ctx, param, values) -> dict:
     try:
         return parse_template_args(values)
@@ -205,12 +214,7 @@ _VALIDATION_SIZE = click.option("--validation-size", default=None, type=float, m
 @click.option("--strategy", default=DEFAULT.strategy, show_default=True, type=click.Choice(STRATEGIES),
               help="; ".join(f"{s.name}: {s.help}" for s in STRATEGY_TABLE.values()) + ".")
 @click.option("--seed", default=DEFAULT.seed, show_default=True, type=int, help="Seed for shuffles; same seed, same bytes.")
-@click.option("--train-on", default=DEFAULT.train_on, show_default=True, type=click.Choice(TRAIN_ON),
-              help="Which tokens get labels: every assistant turn, only the last, or all tokens.")
-@_TURN_CONTEXT
-@_record_options
-@click.option("--overlong", default=DEFAULT.overlong, show_default=True, type=click.Choice(OVERLONG),
-              help="What to do with a sample longer than --max-len.")
+@_label_options
 @click.option("--row-order", default=DEFAULT.row_order, show_default=True, type=click.Choice(ROW_ORDERS),
               help="Order of rows in the shards; length-sorted rows bias training.")
 @_SAMPLES_PER_ROW
@@ -442,12 +446,7 @@ def push(folder, repo_id, private, revision, token, commit_message):
 @click.option("--global-batch-size", default=_default(stats_, "global_batch_size"), show_default=True, type=int,
               help="Rows per optimizer step, over all devices and accumulation steps.")
 @click.option("--epochs", default=_default(stats_, "epochs"), show_default=True, type=int, help="Epochs, for the optimizer step count.")
-@click.option("--train-on", default=DEFAULT.train_on, show_default=True, type=click.Choice(TRAIN_ON),
-              help="Which tokens get labels, as for pack.")
-@_TURN_CONTEXT
-@_record_options
-@click.option("--overlong", default=DEFAULT.overlong, show_default=True, type=click.Choice(OVERLONG),
-              help="What pack would do with a sample longer than --max-len.")
+@_label_options
 @click.option("--seed", default=DEFAULT.seed, show_default=True, type=int, help="Seed of the random strategy, as for pack.")
 @_SAMPLES_PER_ROW
 @click.option("--partition-size", default=DEFAULT.partition_size, type=int,
