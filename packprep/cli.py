@@ -26,7 +26,7 @@ from .render import TURN_CONTEXTS, context_text
 from .packing import ROW_ORDERS, STRATEGIES, STRATEGY_TABLE
 from .inspect import inspect_row
 from .engines import ENGINES
-from .pipeline import ON_ERROR, PackConfig, pack as pack_, verify_folder
+from .pipeline import ON_ERROR, PREFERENCE, PackConfig, pack as pack_, verify_folder
 from .balance import SAMPLERS
 from .stats import DEFAULT_MAX_LENS, DEFAULT_STRATEGIES, stats as stats_
 from .verify import verify as verify_
@@ -133,7 +133,7 @@ def _record_options(command):
                            help="Turns before the first user turn (a chat chunk that starts mid-way): drop them "
                            "and train the rest (as FastChat does), or reject the record.")(command)
     command = click.option("--preference", default=DEFAULT.preference, show_default=True,
-                           type=click.Choice(["refuse", "chosen"]),
+                           type=click.Choice(PREFERENCE),
                            help="Preference (DPO) data, records with 'chosen' and 'rejected' replies: refuse it, "
                            "or train on each prompt with its chosen reply.")(command)
     command = click.option("--render-timeout", default=DEFAULT.render_timeout, show_default=True, type=float,
