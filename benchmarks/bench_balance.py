@@ -45,7 +45,7 @@ def fixture_lengths(fixtures: str) -> np.ndarray:
     from packprep.engines import make_engine
     from packprep.pipeline import PackConfig
     from packprep.read import resolve_inputs
-    from packprep.stats.collect import collect_inputs
+    from packprep.length_stats.collect import collect_inputs
 
     folder = os.path.join(fixtures, "conversations")
     paths = sorted(os.path.join(folder, name) for name in os.listdir(folder) if name.endswith((".json", ".jsonl")))

@@ -212,7 +212,7 @@ def timed_main(argv: list[str]) -> None:
 
     importlib.import_module("packprep.cli")  # first, as in the real command: it sets the environment before numpy loads
     pipeline = importlib.import_module("packprep.pipeline")
-    verify_module = importlib.import_module("packprep.verify")  # the module, not packprep.verify()
+    verify_module = importlib.import_module("packprep.verification")  # the module, not packprep.verify()
 
     stages: dict[str, float] = {}
     sampler = _Sampler()

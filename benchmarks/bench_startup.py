@@ -35,7 +35,7 @@ def child(argv: list[str]) -> None:
     launch = float(os.environ["BENCH_LAUNCH"])
     import packprep.cli  # first, as in the real command: it sets the environment before numpy loads
     import packprep.encode as encode
-    import packprep.tokenize as tokenize
+    import packprep.tokenization as tokenize
 
     parts = {"load_tokenizer": 0.0, "ChatEncoder": 0.0}
 

@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 import packprep  # noqa: E402
 from packprep.normalize import Rejected, detect_format, normalize  # noqa: E402
 from packprep.read import read_records, resolve_inputs  # noqa: E402
-from packprep.tokenize import ChatEncoder, load_tokenizer  # noqa: E402
+from packprep.tokenization import ChatEncoder, load_tokenizer  # noqa: E402
 
 FIXTURES = ROOT.parent / "shared" / "fixtures"
 MAX_LEN = 4096

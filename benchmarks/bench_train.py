@@ -8,10 +8,10 @@ samples in each mode (AdamW, one optimizer step per batch, loss normalised per s
   grouped        the same, but length-grouped like transformers' group_by_length
                  (megabatches of 50 * batch sorted by length)
   packed_sdpa    FFD-packed rows of --max-len (one row a step) written as packprep shards, read back
-                 through packprep.torch.PackedDataset + collate_packed, transformers' SDPA
+                 through packprep.training.PackedDataset + collate_packed, transformers' SDPA
                  packed-sequence path (position_ids, no mask, use_cache=False)
   packed_varlen  the same rows through torch.nn.attention.varlen.varlen_attn
-                 (packprep.torch.register_varlen_attention)
+                 (packprep.training.register_varlen_attention)
   random_varlen  rows packed in random order (next-fit, no sorting), varlen_attn
   <packed mode>_xK  K packed rows a step, concatenated by collate_packed into one (1, K*max-len) batch
 
@@ -43,9 +43,9 @@ DEVICE = os.environ.get("BENCH_DEVICE", "cuda")  # "cpu" only for dry runs of --
 
 
 def load_packprep_torch():
-    """packprep.torch from this tree (it needs only torch and numpy to import; pyarrow to read shards)."""
+    """packprep.training from this tree (it needs only torch and numpy to import; pyarrow to read shards)."""
     sys.path.insert(0, REPO)
-    import packprep.torch as pt
+    import packprep.training as pt
 
     return pt
 

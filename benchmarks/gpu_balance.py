@@ -21,9 +21,9 @@ CPU dry run (gloo, a tiny model; what the tests of this script run):
 
 What it does, each phase timed against ``--budget-s`` (400 s by default, under 8 minutes with start-up):
 1. Model: a Llama-3.2-1B-shaped LlamaForCausalLM, random weights (seed 0), bf16, vocabulary 32000
-   (fixture token ids are taken modulo 32000). Attention: packprep.torch's varlen attention
+   (fixture token ids are taken modulo 32000). Attention: packprep.training's varlen attention
    (``torch.nn.attention.varlen``, CUDA), else flash_attention_2 if installed, else transformers' sdpa
-   on packed position ids, else eager: the first that ``packprep.torch.check_isolation`` passes
+   on packed position ids, else eager: the first that ``packprep.training.check_isolation`` passes
    (sequences kept apart) runs, and the report names it.
 2. Memory: a ``--max-len`` row of one sequence, forward and backward, on every rank; on out-of-memory,
    again with gradient checkpointing, then at ``--fallback-max-len``.
@@ -68,7 +68,7 @@ sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 from packprep.balance import balance_bins, step_efficiency  # noqa: E402
 from packprep.cost import CostModel  # noqa: E402
 from packprep.packing import Bins  # noqa: E402
-from packprep.torch import check_isolation, collate_packed, register_varlen_attention  # noqa: E402
+from packprep.training import check_isolation, collate_packed, register_varlen_attention  # noqa: E402
 
 IGNORE = -100
 VOCAB = 32000

@@ -28,7 +28,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-from packprep.torch import (collate_packed, collate_padded, register_packed_layers,  # noqa: E402
+from packprep.training import (collate_packed, collate_padded, register_packed_layers,  # noqa: E402
                             register_varlen_attention)
 
 

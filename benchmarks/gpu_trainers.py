@@ -15,7 +15,7 @@ For each trainer, following its README recipe exactly (layout ``trl`` for TRL, `
     python benchmarks/gpu_trainers.py examples/chats.jsonl --tokenizer examples/tokenizer --tiny   # CPU check
 
 The model is a random-weight Llama in bf16 (``--model-shape 1b``: Llama-3.2-1B; ``--tiny``: hidden 64,
-2 layers, fp32 on CPU). Attention: ``packprep.torch.register_varlen_attention()`` (torch's varlen_attn)
+2 layers, fp32 on CPU). Attention: ``packprep.training.register_varlen_attention()`` (torch's varlen_attn)
 when it is available, else ``flash_attention_2`` if installed, else SDPA (transformers' packed path).
 """
 
@@ -35,9 +35,9 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 import packprep  # noqa: E402
-from packprep.export import export  # noqa: E402
-from packprep.torch import PackedDataset, check_pipeline, collate_packed, register_varlen_attention  # noqa: E402
-from packprep.torch.isolation import locate_sequences  # noqa: E402
+from packprep.convert import export  # noqa: E402
+from packprep.training import PackedDataset, check_pipeline, collate_packed, register_varlen_attention  # noqa: E402
+from packprep.training.isolation import locate_sequences  # noqa: E402
 
 SHAPES = {  # random-weight Llama shapes
     "1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,

@@ -6,20 +6,20 @@
     python examples/train.py --data out/ --model path/to/model --mode packed --attn varlen --steps 100
 
 Modes:
-  packed   packed rows through packprep.torch.collate_packed: one (1, T) batch of --rows-per-batch
+  packed   packed rows through packprep.training.collate_packed: one (1, T) batch of --rows-per-batch
            rows, position_ids restarting at each sequence, cu_seq_lens/max_length for varlen
            kernels, use_cache=False, never an attention mask.
   padded   the rows' sequences one per batch row, padded to the longest, with an attention mask.
   grouped  like padded, but batches of similar lengths (transformers' group_by_length).
 
 Attention (--attn): sdpa (transformers' packed-sequence path through position_ids), varlen
-(torch.nn.attention.varlen.varlen_attn registered by packprep.torch.register_varlen_attention;
+(torch.nn.attention.varlen.varlen_attn registered by packprep.training.register_varlen_attention;
 CUDA only) or flash_attention_2 (needs the flash-attn package).
 
 The loss is normalised per supervised token over each optimizer step: with --grad-accum K,
 every micro-batch's summed token loss is divided by the number of supervised tokens of all K
 micro-batches (num_supervised_tokens from the collator), so short and long micro-batches weigh
-what their tokens weigh.  packprep.torch.check_isolation and check_pipeline run before training
+what their tokens weigh.  packprep.training.check_isolation and check_pipeline run before training
 and stop the run if packed sequences would see each other.
 """
 
@@ -37,7 +37,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from packprep.torch import (  # noqa: E402
+from packprep.training import (  # noqa: E402
     PackedDataset,
     check_isolation,
     check_pipeline,

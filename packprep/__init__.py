@@ -7,12 +7,9 @@ Library first, CLI second: every ``packprep`` command is a thin wrapper over a f
 >>> packprep.verify("out/").ok
 True
 
-The names below are imported on first use, so that ``import packprep`` (and ``packprep.torch``)
+The names below are imported on first use, so that ``import packprep`` (and ``packprep.training``)
 stays light: numba, pyarrow and transformers load only when a step that needs them runs.
 """
-
-import sys
-import types
 
 __version__ = "0.1.0"
 
@@ -21,22 +18,13 @@ _EXPORTS = {
     "pack_lengths": "packing",
     "PackConfig": "pipeline",
     "pack": "pipeline",
-    "export": "export",
-    "push": "push",
-    "stats": "stats",
-    "verify": "verify",
+    "export": "convert",
+    "push": "hub_upload",
+    "stats": "length_stats",
+    "verify": "verification",
 }
 
 __all__ = ["Bins", "PackConfig", "__version__", "export", "pack", "pack_lengths", "push", "stats", "verify"]
-
-
-class _Package(types.ModuleType):
-    """Keeps ``packprep.verify`` (and stats, push, export) the function when its submodule is imported."""
-
-    def __setattr__(self, name, value):
-        if name in _EXPORTS and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
 
 
 def __getattr__(name: str):
@@ -49,5 +37,3 @@ def __getattr__(name: str):
     globals()[name] = value
     return value
 
-
-sys.modules[__name__].__class__ = _Package

@@ -117,7 +117,7 @@ def _balance_section(manifest: dict) -> str:
 Rows are re-packed and ordered so that every step of {n} ranks x {r} row(s) gives the ranks equal compute
 (predicted step efficiency {balance['step_efficiency']:.3f}; {balance['step_efficiency_shuffled']:.3f} if a
 sampler shuffles them). Read them **in order**, {r} row(s) a rank a step, on {n} ranks: {deal}.
-`packprep.torch.check_order(loader_or_trainer, DIR)` warns when a sampler would undo the order.
+`packprep.training.check_order(loader_or_trainer, DIR)` warns when a sampler would undo the order.
 
 """
 

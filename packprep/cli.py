@@ -24,15 +24,15 @@ from .assistant_turns import REASONING
 from .normalize import CONSECUTIVE, FORMATS, LEADING, SYSTEM, changes_text
 from .render import TURN_CONTEXTS, context_text
 from .packing import ROW_ORDERS, STRATEGIES, STRATEGY_TABLE
-from .inspect import inspect_row
+from .inspection import inspect_row
 from .engines import ENGINES
 from .pipeline import ON_ERROR, PREFERENCE, PackConfig, pack as pack_, verify_folder
 from .balance import SAMPLERS
-from .stats import DEFAULT_MAX_LENS, DEFAULT_STRATEGIES, stats as stats_
-from .verify import verify as verify_
+from .length_stats import DEFAULT_MAX_LENS, DEFAULT_STRATEGIES, stats as stats_
+from .verification import verify as verify_
 from .plan import OVERLONG
 from .template_inputs import parse_template_args
-from .tokenize import BACKENDS, TRAIN_ON
+from .tokenization import BACKENDS, TRAIN_ON
 from .write import SHARD_FORMATS
 
 
@@ -262,7 +262,7 @@ def pack(inputs, tokenizer, output, format_, num_proc, engine, ray_address, push
       packprep pack chats.jsonl -t ./llama-3.2 --date 2025-01-31 --reasoning drop -o packed/
     """
     if push_to:  # a bad token or no network fails before the packing work, not after
-        from .push import check_credentials
+        from .hub_upload import check_credentials
 
         check_credentials(token)
     manifest = pack_(list(inputs), output, tokenizer, overwrite=overwrite, num_proc=num_proc, engine=engine,
@@ -282,7 +282,7 @@ def pack(inputs, tokenizer, output, format_, num_proc, engine, ray_address, push
         + f"\n  {context_text(manifest['config'].get('turn_context', 'exact'), counts)}"
     )
     if push_to:
-        from .push import push as push_
+        from .hub_upload import push as push_
 
         click.echo(f"pushed to dataset {push_to}: {push_(output, push_to, private=private, token=token)}")
     else:
@@ -393,7 +393,7 @@ def export(folder, to, output, overwrite):
       packprep export packed/ --to trl packed-trl/
       packprep export packed/ --to hf packed-hf/ --overwrite
     """
-    from .export import export as export_
+    from .convert import export as export_
 
     manifest = export_(folder, to, output, overwrite=overwrite)
     click.echo(f"wrote {manifest['rows']:,} rows laid out for {to} in {output} (recipe: {output}/README.md)")
@@ -420,7 +420,7 @@ def push(folder, repo_id, private, revision, token, commit_message):
       packprep push packed/ my-org/chat-packed-4k
       packprep push packed/ chat-packed-4k --private --revision dev -m "repack with seed 1"
     """
-    from .push import push as push_
+    from .hub_upload import push as push_
 
     result = push_(folder, repo_id, private=private, revision=revision, token=token, commit_message=commit_message)
     if result.commits:
@@ -483,7 +483,7 @@ def stats(inputs, tokenizer, max_lens, strategies, global_batch_size, epochs, fo
       packprep stats --mix mix.yaml -t ./llama3 --validation-size 0.02
       packprep stats packed/
     """
-    from .stats import plot, render_text, require_matplotlib
+    from .length_stats import plot, render_text, require_matplotlib
 
     if plot_path:
         require_matplotlib()

@@ -30,7 +30,7 @@ from .normalize import Conversation, FieldNames, Policy, Rejected, detect_format
 from .parts import Part, first_records, read_part
 from .read import Record, Source
 from .template_inputs import prepare_template
-from .tokenize import GUARD_CHARS, ChatEncoder, Encoded, load_tokenizer
+from .tokenization import GUARD_CHARS, ChatEncoder, Encoded, load_tokenizer
 
 if TYPE_CHECKING:  # pragma: no cover
     from .engines import Engine

@@ -1,7 +1,7 @@
 """The packed row, in one place: its schema, the one shard reader, and the layouts consumers load.
 
 Canonical rows (``COLUMNS``) are what ``materialize`` makes and ``verify`` checks; every reader of
-shards (write's checks, verify, inspect, stats, ``packprep.torch``) goes through ``ShardReader``
+shards (write's checks, verify, inspect, stats, ``packprep.training``) goes through ``ShardReader``
 here, and ``schemas/packed_row.schema.json`` is generated from ``COLUMNS`` (a test holds it equal).
 
 A *layout* is what one training stack loads natively, made from canonical rows by a small adapter.
@@ -20,14 +20,14 @@ with an adapter module of its own: one entry in ``packprep.layouts.STACKS``) wit
   one row group at a time (also called on an empty table, for the schema); ``list_column`` gives
   a column's flat values and offsets as numpy, ``LayoutContext`` the row length and manifest;
 * ``recipe``: the few lines of that stack's settings (markdown, first line the
-  ``packprep.torch.check_pipeline`` guard: ``guarded_recipe(...)``), shown in the dataset card;
+  ``packprep.training.check_pipeline`` guard: ``guarded_recipe(...)``), shown in the dataset card;
   its fenced code blocks must appear verbatim in docs/training.md (a test checks);
 * ``test``: the test that runs the stack's own code on such shards;
 
 then add a literal-tensor test of the adapter (tiny hand-written rows in, exact columns out) and
 a row to the README's table of stacks.
 
-pyarrow is imported lazily, so that ``packprep.torch`` can import this module without it.
+pyarrow is imported lazily, so that ``packprep.training`` can import this module without it.
 """
 
 from __future__ import annotations
@@ -320,7 +320,7 @@ class Layout:
     name: str
     stack: str  # who loads it, in words
     writes: str  # TABLE | SAVE_TO_DISK | FILES
-    recipe: str  # markdown; the first line runs packprep.torch.check_pipeline
+    recipe: str  # markdown; the first line runs packprep.training.check_pipeline
     test: str = ""  # the test that runs that stack's own code on such shards
     renames: Mapping[str, str] = field(default_factory=dict)  # canonical -> stored column name
     convert: Callable[["pa.Table", LayoutContext], "pa.Table"] | None = None
@@ -384,7 +384,7 @@ def layout_names() -> tuple[str, ...]:
 LOOP_RECIPE = guarded_recipe('check_pipeline(collate_packed, model, "packed/")') + """\
 ```python
 from torch.utils.data import DataLoader
-from packprep.torch import PackedDataset, check_pipeline, collate_packed, register_varlen_attention
+from packprep.training import PackedDataset, check_pipeline, collate_packed, register_varlen_attention
 model = AutoModelForCausalLM.from_pretrained(..., attn_implementation=register_varlen_attention() or "sdpa")
 check_pipeline(collate_packed, model, "packed/")   # first: raises, naming the cause, on any leak
 loader = DataLoader(PackedDataset("packed/"), batch_size=1, shuffle=True, collate_fn=collate_packed)
@@ -398,7 +398,7 @@ HF_RECIPE = guarded_recipe('check_pipeline(trainer, data="packed/")') + """\
 ```python
 from datasets import load_dataset
 from transformers import Trainer, TrainingArguments
-from packprep.torch import check_pipeline, collate_packed
+from packprep.training import check_pipeline, collate_packed
 trainer = Trainer(model=model, args=TrainingArguments(output_dir="out", per_device_train_batch_size=4),
                   train_dataset=load_dataset("packed/", split="train"), data_collator=collate_packed)
 check_pipeline(trainer, data="packed/")   # first: runs a packed row through this trainer's own path
@@ -416,7 +416,7 @@ TRL_RECIPE = guarded_recipe('check_pipeline(trainer, data="packed/")') + """\
 ```python
 from datasets import load_dataset
 from trl import SFTConfig, SFTTrainer
-from packprep.torch import check_pipeline
+from packprep.training import check_pipeline
 args = SFTConfig(output_dir="out", padding_free=True, max_length=None, per_device_train_batch_size=4,
                  dataset_kwargs={"skip_prepare_dataset": True})
 trainer = SFTTrainer(model=model, args=args, train_dataset=load_dataset("packed/", split="train"),
@@ -435,12 +435,12 @@ row layout without `seq_lengths` (`--layout packprep`: TRL then numbers each row
 its sequences)."""
 
 register(Layout(
-    "packprep", "a plain varlen loop (packprep.torch) and transformers' Trainer with collate_packed", TABLE,
+    "packprep", "a plain varlen loop (packprep.training) and transformers' Trainer with collate_packed", TABLE,
     LOOP_RECIPE + "\n\nWith transformers' `Trainer` (the same rows, no export needed):\n\n" + HF_RECIPE.split("\n\n", 1)[1],
     test="tests/test_torch_packed.py, tests/test_trainers.py::test_hf_trainer_recipe",
 ))
 register(Layout(
-    "hf", "transformers' Trainer with packprep.torch.collate_packed", TABLE, HF_RECIPE,
+    "hf", "transformers' Trainer with packprep.training.collate_packed", TABLE, HF_RECIPE,
     test="tests/test_trainers.py::test_hf_trainer_recipe",
 ))
 register(Layout(

@@ -11,7 +11,7 @@ from collections import Counter
 from .fates import PACKED, REJECTED
 from .normalize import Conversation, Rejected
 from .read import Record
-from .tokenize import Encoded
+from .tokenization import Encoded
 
 
 # what training each turn in its inference context costs (render.py): turns the whole rendering does

@@ -38,8 +38,8 @@ from .parts import Part, PartPlan
 from .read import Source, file_sha256
 from .split import membership
 from .template_inputs import DEFAULT_DATE, check_date, check_template_args
-from .tokenize import BACKENDS, TRAIN_ON, tokenizer_fingerprint
-from .verify import Report, ShardCheck, ShardContext, check_part, check_tasks, join_checks, verify
+from .tokenization import BACKENDS, TRAIN_ON, tokenizer_fingerprint
+from .verification import Report, ShardCheck, ShardContext, check_part, check_tasks, join_checks, verify
 from .write import (SHARD_FORMATS, OutputFolder, finish_shards, join_shard, parse_size, prepare_shards, shard_pieces,
                     write_piece, writers)
 
@@ -293,7 +293,7 @@ def _write_split(tmp, store: TokenStore, ledger: Ledger, config: PackConfig, eng
 def publish(folder: OutputFolder, tmp, manifest: dict, layout) -> dict:
     """Lay the verified canonical folder ``tmp`` out for ``layout`` and move the output into place."""
     if layout.name != DEFAULT_LAYOUT:
-        from .export import export_into
+        from .convert import export_into
 
         manifest = export_into(tmp, manifest, tmp.parent, layout)
         shutil.rmtree(tmp)
@@ -455,7 +455,7 @@ def check_shards(context: ShardContext, shards: list[dict], engine: Engine, work
 
 
 def verify_folder(folder, num_proc: int | None = None, engine: Engine | None = None, **options) -> Report:
-    """:func:`packprep.verify.verify` with the shards checked on ``engine`` (default: a local one of
+    """:func:`packprep.verification.verify` with the shards checked on ``engine`` (default: a local one of
     ``num_proc`` workers, all cores by default, closed after); the report is the same with any."""
     runner = engine or make_engine("local", num_proc)
     try:

@@ -31,7 +31,7 @@ from .layout import DEFAULT_LAYOUT, ShardReader, get_layout, list_column, readab
 from .materialize import Spilled, TokenStore, spill_path
 from .mix import UNSAMPLED, MixSource, Mixture, Selection
 from .plan import DROPPED, EMPTIED, TRUNCATED as CUT, overlong_fates
-from .tokenize import IGNORE_INDEX
+from .tokenization import IGNORE_INDEX
 from .write import OutputFolder
 
 REPACK_SETTINGS = ("max_len", "strategy", "seed", "row_order", "samples_per_row")
@@ -45,7 +45,7 @@ def repack(folder: str | os.PathLike, output: str | os.PathLike, *, overwrite: b
     new manifest. ``layout``: None keeps the folder's. ``accept_truncated``: pack sequences cut at the old
     ``max_len`` as they are stored."""
     from .pipeline import PackConfig, publish, write_output
-    from .verify import read_manifest
+    from .verification import read_manifest
 
     source = Path(folder).absolute()
     old = read_manifest(source)

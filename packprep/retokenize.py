@@ -26,7 +26,7 @@ from .control_text import ControlText
 from .encode import chosen_record
 from .render import ChatTemplate, Rendered, render_conversation
 from .template_inputs import DEFAULT_DATE, prepare_template
-from .tokenize import load_tokenizer
+from .tokenization import load_tokenizer
 
 
 @dataclass

@@ -16,7 +16,7 @@ import pytest
 from packprep.normalize import Policy, Rejected, fit_to_template, normalize
 from packprep.render import ChatTemplate
 from packprep.template_inputs import template_variables
-from packprep.tokenize import load_tokenizer
+from packprep.tokenization import load_tokenizer
 
 from .conftest import needs_fixtures
 

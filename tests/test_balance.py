@@ -139,7 +139,7 @@ def test_pack_records_balance_in_the_manifest(tmp_path):
     card = (tmp_path / "out" / "README.md").read_text()
     assert "## Balanced for 2 data-parallel ranks" in card and "DistributedSampler(shuffle=False)" in card
     assert "Balanced for" not in (tmp_path / "plain" / "README.md").read_text()
-    from packprep.torch import PackedDataset
+    from packprep.training import PackedDataset
 
     def sequences(folder):
         data = PackedDataset(folder)
@@ -199,7 +199,7 @@ def test_check_order_warns_on_a_sampler_that_undoes_the_order(tmp_path):
     pytest.importorskip("torch")
     from torch.utils.data import DataLoader, DistributedSampler
 
-    from packprep.torch import BalanceOrderWarning, PackedDataset, check_order
+    from packprep.training import BalanceOrderWarning, PackedDataset, check_order
 
     packprep.pack(str(EXAMPLE_CHATS), str(tmp_path / "out"), str(EXAMPLE_TOKENIZER), num_proc=1, max_len=512,
                   balance_dp=2)
@@ -218,7 +218,7 @@ def test_check_order_warns_on_a_sampler_that_undoes_the_order(tmp_path):
 def test_check_order_reads_a_trainers_sampling(tmp_path):
     transformers = pytest.importorskip("transformers")
     datasets = pytest.importorskip("datasets")
-    from packprep.torch import BalanceOrderWarning, check_order
+    from packprep.training import BalanceOrderWarning, check_order
 
     packprep.pack(str(EXAMPLE_CHATS), str(tmp_path / "out"), str(EXAMPLE_TOKENIZER), num_proc=1, max_len=512,
                   balance_dp=1)

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 import packprep
 from packprep.cli import main
 from packprep.normalize import Conversation
-from packprep.tokenize import ChatEncoder, Encoded, load_tokenizer
+from packprep.tokenization import ChatEncoder, Encoded, load_tokenizer
 
 from .conftest import fixture_tokenizer, needs_fixtures
 

@@ -17,8 +17,8 @@ transformers = pytest.importorskip("transformers")
 datasets = pytest.importorskip("datasets")
 
 import packprep  # noqa: E402
-from packprep.export import export  # noqa: E402
-from packprep.torch import (PackedDataset, PackingIsolationError, check_pipeline, collate_packed,  # noqa: E402
+from packprep.convert import export  # noqa: E402
+from packprep.training import (PackedDataset, PackingIsolationError, check_pipeline, collate_packed,  # noqa: E402
                             register_packed_layers)
 
 from .conftest import EXAMPLE_CHATS, EXAMPLE_TOKENIZER  # noqa: E402

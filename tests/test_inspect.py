@@ -14,8 +14,8 @@ from click.testing import CliRunner
 import packprep
 from packprep.cli import main
 from packprep.errors import EXIT_CONFIG, ConfigError
-from packprep.inspect import CLOSE, OPEN, inspect_row
-from packprep.tokenize import load_tokenizer
+from packprep.inspection import CLOSE, OPEN, inspect_row
+from packprep.tokenization import load_tokenizer
 
 from .conftest import CONVERSATIONS, EXAMPLE_CHATS, EXAMPLE_TOKENIZER, fixture_tokenizer, needs_fixtures
 

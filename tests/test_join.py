@@ -4,7 +4,6 @@ one writer makes: checked against pyarrow's own writer, for random cuts, in both
 from __future__ import annotations
 
 import hashlib
-import sys
 
 import numpy as np
 import pyarrow as pa
@@ -13,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import packprep
-from packprep import pipeline, write as write_module
+from packprep import pipeline, verification as verify_module, write as write_module
 from packprep.pipeline import verify_folder
 from packprep.join import JoinError, join_pieces
 from packprep.layout import ROW_SCHEMA
@@ -21,8 +20,6 @@ from packprep.write import shard_writer
 
 from .conftest import EXAMPLE_CHATS, EXAMPLE_TOKENIZER
 from .test_verify import RecordingEngine
-
-verify_module = sys.modules["packprep.verify"]  # (the name packprep.verify is the function)
 
 GROUPS = 20
 
@@ -134,7 +131,7 @@ def test_pack_writes_shards_in_pieces_with_one_writers_bytes(tmp_path, monkeypat
 def test_a_shard_checked_in_parts_fails_like_one_checked_whole(tmp_path, groups):
     """pack checks each piece's row groups beside the others: the parts, joined, report what a
     whole-shard check reports, at the same rows, and judge the shard's row count."""
-    from packprep.verify import ShardContext, check_part, joined_check
+    from packprep.verification import ShardContext, check_part, joined_check
 
     bad = [table for table in groups]
     labels = bad[13].column("labels").to_pylist()

@@ -16,7 +16,7 @@ import pytest
 
 from packprep.normalize import Conversation, FieldNames, Policy, Rejected, detect_format, fit_to_template, normalize
 from packprep.read import read_records, resolve_inputs
-from packprep.tokenize import ChatEncoder, Encoded, load_tokenizer
+from packprep.tokenization import ChatEncoder, Encoded, load_tokenizer
 
 from .conftest import CONVERSATIONS, fixture_tokenizer, needs_fixtures
 from .test_control_text import oracle_ids

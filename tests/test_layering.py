@@ -1,15 +1,19 @@
 """The modules of packprep import in one direction: no import cycle among them (lazy imports inside
 functions count, ``if TYPE_CHECKING:`` ones do not), and the steps of the pipeline import neither
-``engines``, ``verify`` nor ``pipeline``: ``pipeline.py`` is the one place that runs stages on an
+``engines``, ``verification`` nor ``pipeline``: ``pipeline.py`` is the one place that runs stages on an
 engine, and each step offers a planner and the functions its workers run."""
 
 import ast
+import importlib
+import sys
 from pathlib import Path
 
+import packprep
+
 PACKAGE = Path(__file__).resolve().parent.parent / "packprep"
-STEPS = {"read", "parts", "json_scan", "normalize", "render", "render_onepass", "tokenize", "tiktoken_backend", "tiktoken_convert", "tokenizer_folder",
+STEPS = {"read", "parts", "json_scan", "normalize", "render", "render_onepass", "tokenization", "tiktoken_backend", "tiktoken_convert", "tokenizer_folder",
          "encode", "ledger", "plan", "packing", "packing_kernels", "materialize", "write", "join", "layout", "layouts"}
-NOT_FROM_STEPS = {"engines", "verify", "pipeline"}
+NOT_FROM_STEPS = {"engines", "verification", "pipeline"}
 
 
 def _name(path: Path) -> str:
@@ -89,7 +93,7 @@ def test_steps_import_no_engine_verify_or_pipeline():
 
 
 def test_verify_builds_no_engine():
-    assert not {m for m in GRAPH["packprep.verify"] if m.startswith("packprep.engines")}
+    assert not {m for m in GRAPH["packprep.verification"] if m.startswith("packprep.engines")}
 
 
 ONE_HOME = {"IGNORE_INDEX": "packprep.layout", "FATES": "packprep.fates", "PACKED": "packprep.fates",
@@ -121,3 +125,17 @@ def test_the_label_mask_and_the_record_fates_are_defined_once():
 
 def _line_of(module: str, text: str) -> int:
     return next(n for n, line in enumerate(MODULES[module].read_text().splitlines(), 1) if line.startswith(text))
+
+
+def test_no_module_name_collides():
+    """No module shadows the standard library or a dependency, and none is named like a function the
+    package exports (importing ``packprep.verification`` must never replace ``packprep.verify``)."""
+    taken = set(sys.stdlib_module_names) | {"torch", "numpy", "pyarrow", "numba", "click", "transformers",
+                                            "datasets", "tiktoken", "ray", "yaml", "jsonschema"}
+    leaves = {name.rpartition(".")[2] for name in MODULES}
+    assert leaves & taken == set()
+    assert leaves & set(packprep.__all__) == set()
+    assert packprep.verify.__module__ == "packprep.verification"
+    importlib.import_module("packprep.verification")  # a submodule import keeps the function
+
+    assert callable(packprep.verify) and packprep.stats.__module__ == "packprep.length_stats"

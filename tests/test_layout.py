@@ -19,7 +19,7 @@ import packprep
 from packprep import layout as L
 from packprep.cli import main
 from packprep.errors import EXIT_CONFIG
-from packprep.export import export
+from packprep.convert import export
 
 from .conftest import EXAMPLE_CHATS, EXAMPLE_TOKENIZER, REPO
 

@@ -218,7 +218,7 @@ def test_a_source_has_its_own_format_and_messages_field(tmp_path):
 @needs_fixtures
 def test_packed_dataset_reads_train_unless_asked_for_validation(tmp_path):
     pytest.importorskip("torch")
-    from packprep.torch import PackedDataset
+    from packprep.training import PackedDataset
 
     out = tmp_path / "out"
     manifest = packprep.pack([str(CONVERSATIONS / FILES["glaive"])], str(out), TOKENIZER, max_len=1024,

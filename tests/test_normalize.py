@@ -13,7 +13,7 @@ import pytest
 
 from packprep.normalize import (ROLES, Conversation, FieldNames, Policy, Rejected, detect_format, fit_to_template,
                                 load_schema, normalize)
-from packprep.tokenize import ChatEncoder, Encoded, load_tokenizer
+from packprep.tokenization import ChatEncoder, Encoded, load_tokenizer
 
 from .conftest import CONVERSATIONS, fixture_tokenizer, needs_fixtures
 from .test_labels_reference import TOKENIZERS, conversations, reference_texts

@@ -12,7 +12,7 @@ import packprep
 from packprep.errors import ConfigError, InputError
 from packprep.normalize import detect_format, normalize
 from packprep.read import resolve_inputs, read_records
-from packprep.tokenize import ChatEncoder, load_tokenizer
+from packprep.tokenization import ChatEncoder, load_tokenizer
 
 from .conftest import CONVERSATIONS, EXAMPLE_CHATS, EXAMPLE_TOKENIZER, fixture_tokenizer, needs_fixtures
 

@@ -9,8 +9,8 @@ import packprep
 from packprep.errors import ConfigError
 from packprep.packing import STRATEGIES, STRATEGY_TABLE, Bins, Strategy, pack_lengths
 from packprep.plan import DROPPED, EMPTIED, TRUNCATED, WHOLE, check_strategy, overlong_fates, plan_bins
-from packprep.stats import what_if
-from packprep.verify import verify
+from packprep.length_stats import what_if
+from packprep.verification import verify
 
 from .conftest import EXAMPLE_CHATS, EXAMPLE_TOKENIZER
 

@@ -16,13 +16,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import packprep.push  # noqa: F401  (registers the module)
-
-push_module = sys.modules["packprep.push"]  # `packprep.push` itself is the function
+import packprep.hub_upload as push_module
 from packprep.card import length_histograms, render_card
 from packprep.cli import main
 from packprep.errors import EXIT_PUSH, EXIT_VERIFY, PushError, VerifyError
-from packprep.push import push
+from packprep.hub_upload import push
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hub_server import HubServer  # noqa: E402
@@ -331,7 +329,7 @@ def test_a_stack_layout_is_pushed_with_its_files_checked(packed, hub, tmp_path, 
     """A folder exported to a stack's own format (rows verify cannot read back) is pushed, its
     files checked against its manifest; a changed file is still refused."""
     from packprep import layout as L
-    from packprep.export import export
+    from packprep.convert import export
 
     padded = L.Layout("padded-test", "a test stack", L.TABLE, "recipe",
                       convert=lambda table, context: table.drop_columns(["seq_lens"]))

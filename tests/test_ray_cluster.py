@@ -19,7 +19,7 @@ from packprep.engines import LocalEngine, make_engine
 from packprep.errors import ConfigError, InputError
 
 ray = pytest.importorskip("ray")
-from packprep.engines.ray import RayEngine  # noqa: E402  (needs ray)
+from packprep.engines.ray_cluster import RayEngine  # noqa: E402  (needs ray)
 
 NODES = 4
 OBJECT_STORE = 80 << 20  # per node: 4 of them fit a small machine
@@ -192,7 +192,7 @@ def test_more_workers_than_the_clusters_cpus_are_capped_not_waited_for(cluster):
 
 
 def test_a_worker_that_cannot_start_is_a_clear_error(cluster, monkeypatch):
-    from packprep.engines import ray as ray_engine
+    from packprep.engines import ray_cluster as ray_engine
 
     monkeypatch.setattr(ray_engine, "WARM_MODULES", ("packprep.no_such_module",))
     engine = RayEngine(2, cluster.address)
@@ -256,7 +256,7 @@ def test_a_json_arrays_scan_runs_on_the_cluster_and_cuts_where_one_chunk_does(en
 
 
 def test_workers_are_dealt_evenly_over_the_nodes_none_over_its_cpus():
-    from packprep.engines.ray import shares
+    from packprep.engines.ray_cluster import shares
 
     assert shares(16, [4, 4, 4, 4]) == [4, 4, 4, 4]
     assert shares(6, [4, 4, 4, 4]) == [2, 2, 1, 1]

@@ -13,7 +13,7 @@ import pytest
 
 import packprep
 from packprep.errors import ConfigError
-from packprep.verify import verify
+from packprep.verification import verify
 
 from .conftest import EXAMPLE_CHATS, EXAMPLE_TOKENIZER
 

@@ -17,7 +17,7 @@ import packprep
 from packprep.normalize import Conversation, Rejected
 from packprep.render import ChatTemplate
 from packprep.render_onepass import OnePassTemplate, choose_template
-from packprep.tokenize import ChatEncoder, load_tokenizer
+from packprep.tokenization import ChatEncoder, load_tokenizer
 
 from .conftest import EXAMPLE_CHATS, EXAMPLE_TOKENIZER, fixture_tokenizer, needs_fixtures
 from .conftest import FIXTURES

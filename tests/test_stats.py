@@ -14,7 +14,7 @@ import packprep
 from packprep.cli import main
 from packprep.errors import EXIT_CONFIG, ConfigError
 from packprep.packing import pack_lengths
-from packprep.stats import (
+from packprep.length_stats import (
     distribution,
     log_histogram,
     render_text,

@@ -9,7 +9,7 @@ from transformers import AutoTokenizer
 
 from packprep.render import ChatTemplate
 from packprep.template_inputs import template_variables
-from packprep.tokenize import load_tokenizer
+from packprep.tokenization import load_tokenizer
 from packprep.tokenizer_folder import FolderTokenizer
 
 from .conftest import needs_fixtures

@@ -24,7 +24,7 @@ from packprep.cli import main
 from packprep.errors import EXIT_CONFIG, ConfigError
 from packprep.render import ChatTemplate
 from packprep.template_inputs import parse_template_args, template_variables
-from packprep.tokenize import load_tokenizer
+from packprep.tokenization import load_tokenizer
 
 from .conftest import REPO, needs_fixtures
 

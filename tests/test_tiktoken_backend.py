@@ -17,7 +17,7 @@ from packprep import encode, tiktoken_backend, tiktoken_convert
 from packprep.errors import ConfigError
 from packprep.normalize import Conversation, Rejected
 from packprep.tiktoken_backend import TiktokenBackend, check_equivalence, guard_sample
-from packprep.tokenize import ChatEncoder, Encoded, load_tokenizer
+from packprep.tokenization import ChatEncoder, Encoded, load_tokenizer
 from packprep.tokenizer_folder import FolderTokenizer
 
 from .conftest import CONVERSATIONS, EXAMPLE_TOKENIZER, fixture_tokenizer, needs_fixtures
@@ -125,7 +125,7 @@ def test_sentencepiece_byte_fallback_and_space_runs_equal_hf(tokenizers, name):
 @pytest.mark.parametrize("name", ["llama3", *SENTENCEPIECE])
 def test_cuts_equal_hf_at_every_character(tokenizers, name):
     """The first token at or after each character, as HF's offsets place it (the labels rest on it)."""
-    from packprep.tokenize import _first_token_at_or_after
+    from packprep.tokenization import _first_token_at_or_after
 
     tok = tokenizer(tokenizers, name)
     backend, _ = TiktokenBackend.from_hf(tok)

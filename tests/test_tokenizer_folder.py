@@ -13,7 +13,7 @@ import pytest
 from packprep.normalize import Rejected, detect_format, normalize
 from packprep.read import read_records, resolve_inputs
 from packprep.render import ChatTemplate
-from packprep.tokenize import load_tokenizer
+from packprep.tokenization import load_tokenizer
 from packprep.tokenizer_folder import FolderTokenizer, loadable
 
 from .conftest import CONVERSATIONS, EXAMPLE_TOKENIZER, REPO, fixture_tokenizer, needs_fixtures
@@ -92,7 +92,7 @@ def test_a_template_file_beside_the_config_wins(tmp_path):
 def test_loading_a_tokenizer_folder_imports_neither_transformers_nor_torch():
     """Start-up: what made every command take 5-10 s on a machine with torch installed."""
     code = (
-        "import sys, packprep; from packprep.tokenize import load_tokenizer, ChatEncoder; "
+        "import sys, packprep; from packprep.tokenization import load_tokenizer, ChatEncoder; "
         f"ChatEncoder(load_tokenizer({str(EXAMPLE_TOKENIZER)!r})); "
         "print(sorted(m for m in ('transformers', 'torch') if m in sys.modules))"
     )
@@ -104,7 +104,7 @@ def test_loading_a_tokenizer_folder_imports_neither_transformers_nor_torch():
 def test_the_tiktoken_conversion_is_cached_by_the_tokenizer_files_hash(tmp_path, monkeypatch):
     """The second start reads the ranks from the cache (converting would fail here) and encodes the same."""
     import packprep.tiktoken_backend as tiktoken_backend
-    from packprep.tokenize import ChatEncoder
+    from packprep.tokenization import ChatEncoder
 
     monkeypatch.setenv("PACKPREP_CACHE", str(tmp_path))
     first = ChatEncoder(load_tokenizer(fixture_tokenizer("llama3")))

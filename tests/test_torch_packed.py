@@ -1,4 +1,4 @@
-"""Exactness of packed training through packprep.torch (CPU, float32, tiny random Llama).
+"""Exactness of packed training through packprep.training (CPU, float32, tiny random Llama).
 
 For every packed sequence of a few packed rows, the logits and the per-sequence loss of the
 packed forward pass equal those of the sequence run alone; broken batches (position ids not
@@ -20,7 +20,7 @@ import pyarrow.parquet as pq  # noqa: E402
 
 from packprep.layout import ROW_SCHEMA  # noqa: E402
 
-from packprep.torch import (  # noqa: E402
+from packprep.training import (  # noqa: E402
     IGNORE_INDEX,
     PackedDataset,
     PackingIsolationError,
@@ -337,7 +337,7 @@ def test_varlen_adapter_with_reference_kernel(model, dataset, monkeypatch):
     """
     import torch.nn.attention.varlen as varlen_mod
 
-    import packprep.torch.attention as pt
+    import packprep.training.attention as pt
 
     calls = []
 
@@ -420,7 +420,7 @@ def test_import_loads_neither_numba_nor_pyarrow():
     import subprocess
     import sys
 
-    code = "import packprep.torch, sys; assert 'numba' not in sys.modules and 'pyarrow' not in sys.modules"
+    code = "import packprep.training, sys; assert 'numba' not in sys.modules and 'pyarrow' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

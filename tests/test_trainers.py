@@ -19,10 +19,10 @@ transformers = pytest.importorskip("transformers")
 datasets = pytest.importorskip("datasets")
 
 import packprep  # noqa: E402
-from packprep.export import export  # noqa: E402
-from packprep.torch import PackedDataset, PackingIsolationError, check_pipeline, collate_packed  # noqa: E402
-from packprep.torch.isolation import locate_sequences  # noqa: E402
-from packprep.verify import read_manifest  # noqa: E402
+from packprep.convert import export  # noqa: E402
+from packprep.training import PackedDataset, PackingIsolationError, check_pipeline, collate_packed  # noqa: E402
+from packprep.training.isolation import locate_sequences  # noqa: E402
+from packprep.verification import read_manifest  # noqa: E402
 
 from .conftest import EXAMPLE_CHATS, EXAMPLE_TOKENIZER  # noqa: E402
 

@@ -17,7 +17,7 @@ import pytest
 import packprep
 from packprep.normalize import FieldNames, Rejected, detect_format, fit_to_template, normalize
 from packprep.render import ChatTemplate, probe_shape
-from packprep.tokenize import ChatEncoder, Encoded, load_tokenizer
+from packprep.tokenization import ChatEncoder, Encoded, load_tokenizer
 
 from .conftest import EXAMPLE_TOKENIZER, fixture_tokenizer, needs_fixtures
 from .reference_labels import SHAPES, exact_sequences, renderer, token_labels, turn_targets
@@ -216,7 +216,7 @@ def test_stats_shows_each_policys_cost(template_folder, tmp_path):
     assert policies["exact"]["tokens"] - policies["intact"]["tokens"] == report["turn_context"]["repeated_tokens"] > 0
     assert [policies[p]["turns_not_located"] for p in ("exact", "intact", "rendered")] == [0, 2, 0]
     assert policies["rendered"]["turns_out_of_context"] == 2
-    from packprep.stats import render_text
+    from packprep.length_stats import render_text
 
     text = render_text(report)
     assert "turn context exact: 2 more sequences" in text and "rendered" in text

@@ -29,7 +29,7 @@ from packprep.errors import EXIT_VERIFY
 from packprep.materialize import ROW_SCHEMA
 from packprep.read import file_sha256
 from packprep.pipeline import verify_folder
-from packprep.verify import CHECKS, Report, check_part, verify
+from packprep.verification import CHECKS, Report, check_part, verify
 
 from .conftest import EXAMPLE_CHATS, EXAMPLE_TOKENIZER, FIXTURES, fixture_tokenizer
 

@@ -1,4 +1,4 @@
-"""Where a stage's tasks run: this machine's processes, or a Ray cluster (``engines/ray.py``).
+"""Where a stage's tasks run: this machine's processes, or a Ray cluster (``engines/ray_cluster.py``).
 
 A stage is a plain function ``fn(context, item) -> result`` of a module (so that it pickles by
 name). ``context`` is what every task of the stage shares (a tokenizer, a token store's index):
@@ -57,7 +57,7 @@ def make_engine(name: str = "local", num_proc: int | None = None, ray_address: s
         check_range("--num-proc", num_proc, 1, 4096)
     num_proc = num_proc or os.cpu_count() or 1
     if name == "ray":
-        from .ray import RayEngine
+        from .ray_cluster import RayEngine
 
         return RayEngine(num_proc, ray_address)
     return LocalEngine(num_proc)
@@ -100,7 +100,7 @@ class ForkedWorkers:
     context that loads something lazily says so with a ``load()`` method, called here first, so
     that it is loaded once, not once a worker. Each worker is one CPU: libraries that would start
     threads of their own are told not to. Used by :class:`LocalEngine`, and on each node of a Ray
-    cluster by ``engines/ray.py``."""
+    cluster by ``engines/ray_cluster.py``."""
 
     def __init__(self, context: Any, workers: int):
         global _CONTEXT

@@ -40,7 +40,7 @@ tokenizer:
 ```python
 from torchtune.data import padded_collate_packed
 from packprep.layouts.torchtune import checkable
-from packprep.torch import check_pipeline
+from packprep.training import check_pipeline
 check_pipeline(*checkable(padded_collate_packed, model), "packed/", layout="torchtune")  # your torchtune model
 ```
 Rows are what torchtune's `PackedDataset` yields: `tokens`, `labels` (unshifted: the recipe shifts
@@ -60,7 +60,7 @@ cutoff_len: 2048                 # = --max-len (rows are padded to it, rounded u
 ```
 ```python
 from llamafactory.data import SFTDataCollatorWith4DAttentionMask
-from packprep.torch import check_pipeline
+from packprep.training import check_pipeline
 collator = SFTDataCollatorWith4DAttentionMask(template=template, model=model, pad_to_multiple_of=8,
     block_diag_attn=True, neat_packing=True, attn_implementation=model.config._attn_implementation,
     compute_dtype=torch.float32, tokenizer=tokenizer)   # as llamafactory's run_sft builds it
@@ -107,7 +107,7 @@ cfg.train.micro_batch_size = 1                                   # Megatron's ru
 ```python
 from megatron.bridge.data.datasets.sft import create_sft_dataset
 from packprep.layouts.megatron import checkable
-from packprep.torch import check_pipeline
+from packprep.training import check_pipeline
 dataset = create_sft_dataset(Path("packed-mg/data/training.npy"), tokenizer=tokenizer, seq_length=2048)
 check_pipeline(checkable(dataset), hf_model, "packed/", layout="megatron")   # hf_model: the checkpoint in transformers
 ```

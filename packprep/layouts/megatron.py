@@ -157,7 +157,7 @@ def write_files(tables: Iterable[pa.Table], out: Path, context) -> list[dict]:
 
 
 def checkable(dataset):
-    """Megatron-Bridge's ``GPTSFTPackedDataset.collate_fn`` in the terms of ``packprep.torch.check_pipeline``.
+    """Megatron-Bridge's ``GPTSFTPackedDataset.collate_fn`` in the terms of ``packprep.training.check_pipeline``.
 
     ``check_pipeline(checkable(dataset), hf_model, "packed/", layout="megatron")`` with the
     transformers model of the same checkpoint: each row goes through Megatron's own collate, and

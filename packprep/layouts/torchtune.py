@@ -98,7 +98,7 @@ def packed_dataset(tokenizer=None, *, source: str, packed: bool = False, split: 
 
 
 def checkable(collate_fn, model):
-    """torchtune's collator and model in the terms ``packprep.torch.check_pipeline`` speaks.
+    """torchtune's collator and model in the terms ``packprep.training.check_pipeline`` speaks.
 
     ``check_pipeline(*checkable(padded_collate_packed, model), "packed/", layout="torchtune")``:
     each row goes through ``collate_fn`` and ``model`` unchanged; only the names differ

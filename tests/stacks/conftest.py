@@ -113,7 +113,7 @@ def tiny_llama(vocab_size: int, attn: str = "sdpa"):
 
 def export(folder, name, out):
     """``packprep export folder --to name out``; returns the path the stack is pointed at."""
-    from packprep.export import export as export_
+    from packprep.convert import export as export_
 
     export_(folder, name, out)
     return out / "data" if name == "llamafactory" else out

@@ -23,7 +23,7 @@ llamafactory = pytest.importorskip("llamafactory")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from packprep.torch import PackingIsolationError, check_pipeline  # noqa: E402
+from packprep.training import PackingIsolationError, check_pipeline  # noqa: E402
 
 from tests.stacks.conftest import MAX_LEN, ROWS, assert_same, canonical_rows, export, one_by_one, per_sequence  # noqa: E402
 

@@ -44,7 +44,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from packprep.layouts.megatron import checkable, labels_after_eos  # noqa: E402
-from packprep.torch import PackingIsolationError, check_pipeline  # noqa: E402
+from packprep.training import PackingIsolationError, check_pipeline  # noqa: E402
 from tests.conftest import EXAMPLE_TOKENIZER  # noqa: E402
 from tests.stacks.conftest import (  # noqa: E402
     MAX_LEN, ROWS, assert_same, canonical_rows, export, one_by_one, per_sequence, sequences, tiny_llama,

@@ -27,7 +27,7 @@ import torch  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 from packprep.layouts.torchtune import checkable  # noqa: E402
-from packprep.torch import PackingIsolationError, check_pipeline  # noqa: E402
+from packprep.training import PackingIsolationError, check_pipeline  # noqa: E402
 from tests.stacks.conftest import MAX_LEN, ROWS, assert_same, canonical_rows, export, one_by_one, per_sequence  # noqa: E402
 
 VOCAB = 1739  # examples/tokenizer

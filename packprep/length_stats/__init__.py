@@ -185,7 +185,7 @@ def stats_folder(folder: str | os.PathLike, global_batch_size: int = 64, epochs:
     ``dp_size`` adds ``steps``: the predicted step efficiency of the rows read in order and shuffled
     (:func:`packprep.balance.balance_summary`), in the order the folder was balanced for, if it was.
     """
-    from ..verify import read_manifest
+    from ..verification import read_manifest
 
     folder = Path(folder)
     manifest = read_manifest(folder)

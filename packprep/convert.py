@@ -25,10 +25,10 @@ from .write import OutputFolder, shard_name, shard_writer, write_arrow_dataset_s
 
 def export(folder: str | os.PathLike, to: str, output: str | os.PathLike, *, overwrite: bool = False) -> dict:
     """Write the rows of the packed ``folder`` in layout ``to`` at ``output``; return the new manifest."""
-    from .verify import read_manifest
+    from .verification import read_manifest
 
     from .errors import VerifyError
-    from .verify import verify
+    from .verification import verify
 
     layout = get_layout(to)
     source = Path(folder).absolute()
@@ -80,7 +80,7 @@ def export_into(source: Path, manifest: dict, tmp: Path, layout) -> dict:
     exported.pop("exported_from", None)
     _write_manifest(tmp, exported)
     if layout.readable:
-        from .verify import verify
+        from .verification import verify
 
         report = verify(tmp, check_hashes=False)
         if not report.ok:  # a packprep bug: refuse to publish it

@@ -1,7 +1,7 @@
 """PyTorch integration for packprep shards (the ``torch`` extra).
 
 Everything that needs ``torch`` lives in this package; ``import packprep`` never imports torch, and
-``import packprep.torch`` loads neither numba nor pyarrow (shards are opened on first use).
+``import packprep.training`` loads neither numba nor pyarrow (shards are opened on first use).
 
 ``data``      ``PackedDataset(dir_or_files)``: map-style dataset; item ``i`` is packed row ``i`` as
               1-D numpy arrays with the canonical column names (``packprep.layout``), whatever
@@ -44,7 +44,7 @@ from __future__ import annotations
 try:
     import torch  # noqa: F401
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError("packprep.torch needs PyTorch: install the extra with `pip install packprep[torch]`") from exc
+    raise ImportError("packprep.training needs PyTorch: install the extra with `pip install packprep[torch]`") from exc
 
 from ..layout import IGNORE_INDEX
 from .attention import VARLEN_ATTENTION_NAME, register_varlen_attention, varlen_attention_forward

@@ -180,7 +180,7 @@ def push(
 
 def _refuse_unverified(folder: Path) -> None:
     """Raise VerifyError unless ``folder`` passes verify: a broken folder is never pushed."""
-    from .verify import verify
+    from .verification import verify
 
     # a stack's own layout (padded rows, other files) cannot be read back; its source was verified
     # when it was exported, and verify still checks its files against the manifest

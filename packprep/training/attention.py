@@ -43,7 +43,7 @@ def varlen_attention_forward(
         raise ValueError("varlen_attn does not support logit softcapping")
     if attention_mask is not None and not bool(attention_mask.all()):
         raise ValueError(
-            "varlen attention got a padding mask: feed packed batches (packprep.torch.collate_packed), not padded ones"
+            "varlen attention got a padding mask: feed packed batches (packprep.training.collate_packed), not padded ones"
         )
     b, hq, t, d = query.shape
     hkv = key.shape[1]

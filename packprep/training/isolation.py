@@ -148,7 +148,7 @@ def _cause(probe: _Probe, extra: dict, tol: float, impl) -> str:
         return (
             "An attention_mask was passed next to packed position_ids: transformers (SDPA/eager) "
             "then skips its packed-sequence detection and flash-attention treats the row as ONE "
-            "sequence. Pass no attention_mask with packed rows (packprep.torch.collate_packed never does)."
+            "sequence. Pass no attention_mask with packed rows (packprep.training.collate_packed never does)."
         )
     if extra.get("use_cache", getattr(cfg, "use_cache", False)) and not via_collator:
         no_cache = dict(extra, use_cache=False)
@@ -158,7 +158,7 @@ def _cause(probe: _Probe, extra: dict, tol: float, impl) -> str:
                 "use_cache is True (model.config.use_cache defaults to True, also in training): "
                 "transformers creates a KV cache and then skips its packed-sequence detection "
                 "for SDPA/eager attention, so packed sequences attend across their boundaries. "
-                "Pass use_cache=False in every forward (packprep.torch collators do) or set "
+                "Pass use_cache=False in every forward (packprep.training collators do) or set "
                 "model.config.use_cache = False."
             )
     spans = list(zip(np.cumsum([0, *lengths[:-1]]).tolist(), list(lengths)))
@@ -175,13 +175,13 @@ def _cause(probe: _Probe, extra: dict, tol: float, impl) -> str:
         return (
             f"attention implementation {impl!r} ignores restarted position_ids; it isolates "
             "sequences only when given cu_seq_lens_q/k and max_length_q/k. Feed batches "
-            "from packprep.torch.collate_packed."
+            "from packprep.training.collate_packed."
         )
     return (
         f"attention implementation {impl!r} ignores both position_ids and cu_seq_lens in this "
         "model (SDPA/eager read restarted position_ids only where the model passes them to its "
         "mask; GraniteMoeHybrid does not). Use one that reads cu_seq_lens: 'flash_attention_2' "
-        "or packprep.torch.register_varlen_attention()."
+        "or packprep.training.register_varlen_attention()."
     )
 
 
@@ -237,7 +237,7 @@ def _as_layout(row: dict, name: str, data) -> dict:
     import pyarrow as pa
 
     from ..layout import LayoutContext, get_layout, row_schema
-    from ..verify import read_manifest
+    from ..verification import read_manifest
 
     manifest = read_manifest(data)
     context = LayoutContext(max_len=int(manifest["config"]["max_len"]), manifest=manifest)
@@ -398,7 +398,7 @@ def _leak_cause(model, batch, starts, n_tokens, dropped, tol, alone) -> str:
     if mask is not None and bool((mask[0, :n_tokens] != 0).all()):
         return ("An all-ones attention_mask came with the batch: transformers' SDPA/eager path then skips its "
                 "packed-sequence detection and flash-attention treats the row as ONE sequence. Use a collator "
-                "that emits no attention_mask: packprep.torch.collate_packed, or TRL with padding_free=True "
+                "that emits no attention_mask: packprep.training.collate_packed, or TRL with padding_free=True "
                 "(a tokenizer's default DataCollatorWithPadding, and TRL without padding_free, add one)." + lost)
     positions = batch.get("position_ids")
     if positions is None:
@@ -425,7 +425,7 @@ def _leak_cause(model, batch, starts, n_tokens, dropped, tol, alone) -> str:
     if layer:
         return layer
     return (f"The attention implementation {_attn_impl(model)!r} ignores the restarted position_ids and the "
-            "cu_seq_lens: use 'sdpa', 'eager', 'flash_attention_2' or packprep.torch.register_varlen_attention().")
+            "cu_seq_lens: use 'sdpa', 'eager', 'flash_attention_2' or packprep.training.register_varlen_attention().")
 
 
 def _refusing_forward(model, batch, head: str):
@@ -440,7 +440,7 @@ def _refusing_forward(model, batch, head: str):
         kinds = sorted({describe(module) for _, module in stateful_layers(model)})
         raise PackingIsolationError(
             head + f"transformers refuses the batch's sequence boundaries in the model's {', '.join(kinds)} layers "
-            f"({exc}). Call packprep.torch.register_packed_layers(model) before training: it keeps these layers' "
+            f"({exc}). Call packprep.training.register_packed_layers(model) before training: it keeps these layers' "
             "packed sequences apart without the kernel (exact, one sequence at a time) or with flash-linear-attention "
             "on a GPU.") from exc
 
@@ -504,6 +504,6 @@ def _layer_cause(model, packed, alone, spans) -> str | None:
             "(restarted position_ids and varlen attention do not reset it). ")
     if layer_type_of(layer) is None:
         return what + ("packprep has no implementation that restarts this layer type at each packed sequence: train "
-                       "this model on padded rows (packprep.torch.collate_padded, `packprep pack --strategy pad`).")
-    return what + ("Call packprep.torch.register_packed_layers(model) before training, and feed batches that carry "
+                       "this model on padded rows (packprep.training.collate_padded, `packprep pack --strategy pad`).")
+    return what + ("Call packprep.training.register_packed_layers(model) before training, and feed batches that carry "
                    "the boundaries (collate_packed, or TRL's padding_free=True: cu_seq_lens_q and seq_idx).")

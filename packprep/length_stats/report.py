@@ -1,4 +1,4 @@
-"""stats, report: draw a :func:`packprep.stats.stats` or :func:`~packprep.stats.stats_folder` report
+"""stats, report: draw a :func:`packprep.length_stats.stats` or :func:`~packprep.length_stats.stats_folder` report
 for a terminal; every line fits 80 columns."""
 
 from __future__ import annotations

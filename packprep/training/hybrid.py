@@ -49,7 +49,7 @@ def register_packed_layers(model) -> dict[str, str]:
             f"packed rows cannot be kept apart in this model: its layer {name} ({type(module).__name__}) carries "
             "state from token to token and packprep has no implementation that restarts it at each packed "
             f"sequence (covered: {', '.join(sorted(BY_CLASS))}). Train it on padded rows "
-            "(packprep.torch.collate_padded, or `packprep pack --strategy pad`)."
+            "(packprep.training.collate_padded, or `packprep pack --strategy pad`)."
         )
     used: dict[str, str] = {}
     for _, module in stateful_layers(model):
@@ -83,14 +83,14 @@ def _boundaries(kwargs: dict, length: int) -> torch.Tensor | None:
     seq_idx = kwargs.get("seq_idx")
     if cu is None and seq_idx is not None:
         if seq_idx.shape[0] != 1:
-            raise ValueError("packed rows need one (1, T) row per batch (packprep.torch.collate_packed)")
+            raise ValueError("packed rows need one (1, T) row per batch (packprep.training.collate_packed)")
         starts = torch.nonzero(torch.diff(seq_idx[0], prepend=seq_idx[0, :1] - 1)).reshape(-1)
         cu = torch.cat([starts, torch.tensor([seq_idx.shape[1]], device=starts.device)])
     if cu is None or len(cu) <= 2:
         return None
     if int(cu[-1]) != length:
         raise ValueError(f"sequence boundaries cover {int(cu[-1])} tokens, the batch row has {length}: "
-                         "packed rows need one (1, T) row per batch (packprep.torch.collate_packed)")
+                         "packed rows need one (1, T) row per batch (packprep.training.collate_packed)")
     return cu.to(torch.long)
 
 

@@ -19,8 +19,8 @@ import numpy as np
 
 from .errors import ConfigError, InputError
 from .layout import IGNORE_INDEX, LayoutError, ShardReader, readable_layout
-from .tokenize import load_tokenizer
-from .verify import read_manifest
+from .tokenization import load_tokenizer
+from .verification import read_manifest
 
 OPEN, CLOSE = "[[", "]]"
 _GREEN, _DIM, _HEAD, _RESET = "\x1b[32m", "\x1b[2m", "\x1b[1;36m", "\x1b[0m"
