@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 import packprep
 from packprep.cli import main
+from packprep.control_text import ControlText
 from packprep.normalize import Conversation
 from packprep.tokenization import ChatEncoder, Encoded, load_tokenizer
 
@@ -104,7 +105,7 @@ def test_plain_text_records_split_every_special_token(name):
 
 @needs_fixtures
 @pytest.mark.parametrize("name", sorted(INJECTIONS))
-def test_the_markup_path_equals_the_plain_path_where_nothing_is_injected(name):
+def test_the_markup_path_equals_the_plain_path_where_nothing_is_injected(name, monkeypatch):
     """The segment-by-segment encoding is exact: on conversations without control text, forced through
     it, ids and labels are those of the ordinary path."""
     from .test_labels_reference import conversations
@@ -112,7 +113,7 @@ def test_the_markup_path_equals_the_plain_path_where_nothing_is_injected(name):
     encoder = ChatEncoder(load_tokenizer(fixture_tokenizer(name)), backend="hf")
     convs = [c for c in conversations("llamafactory_glaive_toolcall_en_demo.json")[:60] if len(c.messages) < 12]
     plain = encoder.encode(convs)
-    encoder._control.spells = lambda conversation: True  # every record through the markup path
+    monkeypatch.setattr(ControlText, "spells", lambda self, conversation: True)  # every record through the markup path
     forced = encoder.encode(convs)
     compared = 0
     for a, b in zip(plain, forced):
