@@ -58,6 +58,7 @@ VALUES = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4) | st.di
                       max_leaves=12)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(items=st.lists(VALUES, min_size=1, max_size=25), ensure_ascii=st.booleans(),
        indent=st.sampled_from([None, 0, 2]), lone=st.booleans(), bom=st.booleans(),
@@ -211,6 +212,7 @@ def scanned(path: Path, bounds: list[int], target: int) -> list[tuple] | None:
     return json_scan.json_cuts(chunks, [json_scan.scan_json_chunk(None, c) for c in chunks], bounds[-1], target)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(items=st.lists(VALUES, max_size=25), ensure_ascii=st.booleans(), indent=st.sampled_from([None, 0, 2]),
        bom=st.booleans(), space=st.sampled_from(["", " \n", "\r\n\t "]), target=st.integers(1, 200),

@@ -426,6 +426,7 @@ def test_large_max_len_paths_match_naive():
         assert as_lists(pack_lengths(lengths, cap, "bfd")) == naive_bfd(lengths.tolist(), cap)
 
 
+@pytest.mark.slow
 def test_numba_is_imported_at_the_first_kernel_call_not_at_start_up():
     """``packprep pack`` imports the CLI and the pipeline before its first record is read; numba
     (0.15-0.5 s to import) waits until packing starts."""
@@ -438,6 +439,7 @@ def test_numba_is_imported_at_the_first_kernel_call_not_at_start_up():
     assert out.stdout.split() == ["False", "2", "True"]
 
 
+@pytest.mark.slow
 def test_the_kernels_run_where_numba_cannot_cache_them():
     """A read-only install and home, no NUMBA_CACHE_DIR: numba refuses ``cache=True``. The kernels
     are then compiled for the run, with a warning that says how to keep them."""
