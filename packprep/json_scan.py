@@ -27,7 +27,7 @@ def _json_arrays_chunks(arrays: dict[int, tuple[str, int]], target: int, workers
     chunks = {}
     for number, (path, size) in arrays.items():
         count = -(-size // chunk_bytes)
-        chunks[number] = _json_chunks(path, [size * i // count for i in range(count + 1)], target)
+        chunks[number] = json_chunks(path, [size * i // count for i in range(count + 1)], target)
     return chunks
 
 
@@ -43,7 +43,7 @@ class JsonChunk:
     targets: tuple[int, ...]
 
 
-def _json_chunks(path: str, bounds: list[int], target: int) -> list[JsonChunk]:
+def json_chunks(path: str, bounds: list[int], target: int) -> list[JsonChunk]:
     """The chunks between consecutive ``bounds`` (from 0 to the file's size)."""
     return [JsonChunk(path, a, b, tuple(range(-(-max(a, 1) // target) * target, b, target)))
             for a, b in zip(bounds, bounds[1:])]
@@ -78,7 +78,7 @@ class JsonScan:
 
 def scan_json_chunk(context: Any, chunk: JsonChunk) -> JsonScan | None:
     """Scan a chunk of a JSON array without parsing it (a stage: ``context`` is unused), for both string
-    states it may start in; ``_json_cuts`` picks one. A block at a time, numpy finds the quotes not
+    states it may start in; ``json_cuts`` picks one. A block at a time, numpy finds the quotes not
     escaped by an odd run of backslashes (a run may go on from the block before); their running parity
     marks what is inside strings; outside strings, brackets give the depth. None if the file cannot be
     read (its one part's reader reports it)."""
@@ -168,7 +168,7 @@ def _scan_side(side: JsonSide, at, kind, targets) -> None:
     side.commas += len(at)
 
 
-def _json_cuts(chunks: list[JsonChunk], scans: list[JsonScan | None], size: int, target: int) -> list[tuple] | None:
+def json_cuts(chunks: list[JsonChunk], scans: list[JsonScan | None], size: int, target: int) -> list[tuple] | None:
     """Byte ranges of a JSON array, each from a top-level comma (the first from the file's start) to the
     next range's, with the number of items before it: for each multiple of ``target``, the first comma
     between items at or after it. From the chunks' scans, in order: each chunk's string state, escape

@@ -39,7 +39,7 @@ _MAX_LEN_LIMIT = 2**31 - 1
 _INF = np.int64(1) << np.int64(62)
 # greedy/bfd use arrays indexed by remaining capacity (0..max_len) up to this
 # max_len; above it, structures indexed by bin (memory O(n), slower).
-_CLASS_LIMIT = 1 << 20
+CLASS_LIMIT = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -180,7 +180,7 @@ def _pack_greedy(lengths: np.ndarray, max_len: int) -> Bins:
     bound = _bin_bound(lengths, max_len)
     index = index_dtype(n)  # bin numbers: never more bins than items
     bin_of = np.empty(n, dtype=index)
-    if max_len > _CLASS_LIMIT:
+    if max_len > CLASS_LIMIT:
         size = 1
         while size < bound:
             size *= 2
@@ -207,7 +207,7 @@ def _pack_bfd(lengths: np.ndarray, max_len: int) -> Bins:
     if n == 0:
         return _empty_bins()
     order = _sorted_order(lengths, max_len)
-    if max_len > _CLASS_LIMIT:
+    if max_len > CLASS_LIMIT:
         return _pack_bfd_large(lengths, order, max_len)
     bound = _bin_bound(lengths, max_len)
     index = index_dtype(n)

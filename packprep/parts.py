@@ -17,7 +17,7 @@ from typing import Iterator
 from .errors import InputError
 from .json_keys import repeated_key_reason
 from .json_scan import (
-    _array_items, _first_invalid_utf8, _json_arrays_chunks, _json_cuts, _json_position, scan_json_chunk, _TextRun,
+    _array_items, _first_invalid_utf8, _json_arrays_chunks, json_cuts, _json_position, scan_json_chunk, _TextRun,
 )
 from .read import (
     _bom_length, _check_text, _decode_error, _first_character, _invalid_json, _ipc_batches, _jsonl_records,
@@ -131,7 +131,7 @@ class PartPlan:
         scans = iter(scanned)
         planned = list(self.planned)
         for number, found in self.chunks.items():
-            planned[number] = _json_cuts(found, [next(scans) for _ in found], self.arrays[number][1], self.target)
+            planned[number] = json_cuts(found, [next(scans) for _ in found], self.arrays[number][1], self.target)
         parts: list[Part] = []
         for number, (source, pieces) in enumerate(zip(self.sources, planned)):
             for kind, first, stop, first_record, data_file in pieces or [(source.kind, 0, None, 0, "")]:
@@ -259,7 +259,7 @@ def _part_records(part: Part):
 
 
 def _json_range_records(part: Part) -> Iterator[Record]:
-    """The items of a range of a JSON array (``_json_cuts``), numbered from the range's start.
+    """The items of a range of a JSON array (``json_cuts``), numbered from the range's start.
     Where it fails, it says what the whole-file reader says of the file: its first byte that is not
     UTF-8, or else the JSON error, at its line, column, character and byte in the file."""
     if part.first == 0:

@@ -35,12 +35,19 @@ def fixture_tokenizer(name: str) -> str:
 SLOW_MODULES = {
     "test_labels_reference", "test_tiktoken_backend", "test_render", "test_retokenize", "test_real_inputs",
     "test_tokenizer_folder", "test_ray_cluster", "test_ray_engine", "test_trainers", "test_stack_layouts",
-    "test_torch_packed", "test_robustness",
+    "test_torch_packed", "test_robustness", "test_gpu_balance_dry",
 }
 SLOW_TESTS = {  # real tokenizers over whole fixture files, in modules that are otherwise fast
     "test_real_tokenizers_decode_exactly", "test_packs_every_fixture_file_with_real_tokenizers",
     "test_stats_equals_pack_on_fixture_data_with_llama3",
 }
+
+
+def slow_but(fast, values) -> list:
+    """``values`` to parametrize a slow test with, all but those in ``fast`` marked slow: its quick
+    cases stay in the fast lane. A tuple is the values of several arguments."""
+    return [pytest.param(*(v if isinstance(v, tuple) else (v,)), marks=() if v in fast else pytest.mark.slow)
+            for v in values]
 
 
 def pytest_collection_modifyitems(config, items):

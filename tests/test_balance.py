@@ -215,6 +215,7 @@ def test_check_order_warns_on_a_sampler_that_undoes_the_order(tmp_path):
     assert check_order(in_order, tmp_path / "out") == []
 
 
+@pytest.mark.slow
 def test_check_order_reads_a_trainers_sampling(tmp_path):
     transformers = pytest.importorskip("transformers")
     datasets = pytest.importorskip("datasets")

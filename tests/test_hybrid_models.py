@@ -21,7 +21,7 @@ from packprep.convert import export  # noqa: E402
 from packprep.training import (PackedDataset, PackingIsolationError, check_pipeline, collate_packed,  # noqa: E402
                             register_packed_layers)
 
-from .conftest import EXAMPLE_CHATS, EXAMPLE_TOKENIZER  # noqa: E402
+from .conftest import EXAMPLE_CHATS, EXAMPLE_TOKENIZER, slow_but  # noqa: E402
 from .test_trainers import assert_trainer_batches_exact, common_args  # noqa: E402
 
 ATOL = 1e-4
@@ -77,8 +77,9 @@ def test_collate_packed_emits_seq_idx():
     assert batch["seq_idx"].tolist() == [[0, 0, 0, 1, 1, 2, 2]]
 
 
-# one family a layer type by default; the others are marked slow (tens of seconds on 2 shared cores)
-ONE_A_TYPE = [pytest.param(f, marks=[] if f in ("qwen3_5", "bamba", "lfm2") else pytest.mark.slow) for f in FAMILIES]
+# the fast lane keeps lfm2, the quickest; the others (qwen3_5's gated delta net, bamba's mamba2: a family a
+# layer type) are marked slow, with the trainers (tens of seconds on 2 shared cores)
+ONE_A_TYPE = slow_but({"lfm2"}, FAMILIES)
 
 
 @pytest.mark.parametrize("family", ONE_A_TYPE)
@@ -106,8 +107,8 @@ def test_packed_equals_alone(family, folders, tokenizer):
             torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-4)
 
 
-@pytest.mark.parametrize("family", [pytest.param(f, marks=[] if f == "qwen3_5" else pytest.mark.slow)
-                                    for f in FAMILIES])
+@pytest.mark.slow
+@pytest.mark.parametrize("family", list(FAMILIES))
 def test_hf_trainer_recipe(family, folders, tokenizer):
     """The recipe: register_packed_layers, collate_packed, check_pipeline, then the Trainer trains."""
     folder = folders["packprep"]

@@ -1,5 +1,5 @@
-"""A JSON array is cut between its items and each range parsed on its own (json_scan._json_cuts,
-parts._json_range_records): the records, and every error with its place in the file, are the whole-file
+"""A JSON array is cut between its items and each range parsed on its own (json_scan.json_cuts,
+parts.read_part): the records, and every error with its place in the file, are the whole-file
 reader's, wherever the cuts fall and wherever the planner's and the workers' blocks end. The planner scans
 the array in chunks, in parallel (json_scan.scan_json_chunk): the cuts are the commas between items that json
 finds, whatever the chunks and blocks.
@@ -58,6 +58,7 @@ VALUES = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4) | st.di
                       max_leaves=12)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(items=st.lists(VALUES, min_size=1, max_size=25), ensure_ascii=st.booleans(),
        indent=st.sampled_from([None, 0, 2]), lone=st.booleans(), bom=st.booleans(),
@@ -182,7 +183,7 @@ def item_commas(data: bytes) -> list[int]:
     """The bytes of the commas between the items of a JSON array, as json's own scanner finds them."""
     bom = len(json_scan.BOM) if data.startswith(json_scan.BOM) else 0
     text = data[bom:].decode()
-    scan, skip = json.JSONDecoder().scan_once, json_scan._WHITESPACE
+    scan, skip = json.JSONDecoder().scan_once, json.decoder.WHITESPACE.match
     commas, pos = [], skip(text, skip(text, 0).end() + 1).end()
     while text[pos] != "]":
         pos = skip(text, scan(text, pos)[1]).end()
@@ -207,10 +208,11 @@ def expected_pieces(data: bytes, target: int) -> list[tuple] | None:
 
 def scanned(path: Path, bounds: list[int], target: int) -> list[tuple] | None:
     """The planner's ranges of the array at ``path``, its chunks between ``bounds`` scanned one by one."""
-    chunks = json_scan._json_chunks(str(path), bounds, target)
-    return json_scan._json_cuts(chunks, [json_scan.scan_json_chunk(None, c) for c in chunks], bounds[-1], target)
+    chunks = json_scan.json_chunks(str(path), bounds, target)
+    return json_scan.json_cuts(chunks, [json_scan.scan_json_chunk(None, c) for c in chunks], bounds[-1], target)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(items=st.lists(VALUES, max_size=25), ensure_ascii=st.booleans(), indent=st.sampled_from([None, 0, 2]),
        bom=st.booleans(), space=st.sampled_from(["", " \n", "\r\n\t "]), target=st.integers(1, 200),

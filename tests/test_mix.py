@@ -16,7 +16,7 @@ from packprep.cli import main
 from packprep.errors import EXIT_CONFIG
 from packprep.mix import plan_rounds
 
-from .conftest import CONVERSATIONS, EXAMPLE_TOKENIZER, needs_fixtures
+from .conftest import CONVERSATIONS, EXAMPLE_CHATS, EXAMPLE_TOKENIZER, needs_fixtures
 
 TOKENIZER = str(EXAMPLE_TOKENIZER)
 FILES = {"fastchat": "fastchat_dummy_conversation.json", "glaive": "llamafactory_glaive_toolcall_en_demo.json",
@@ -93,13 +93,18 @@ def test_weights_repeat_and_sample_exact_record_counts(tmp_path):
 
 
 def test_weight_fraction_rounds_half_up(tmp_path):
-    """7 records at weight 0.5 keep round-half-up(3.5) = 4; 1.5 gives 7 + 4."""
-    from packprep.mix import _weighted
-
-    rng = np.random.default_rng(0)
-    assert _weighted(7, 0.5, rng).sum() == 4
-    assert _weighted(7, 1.5, rng).sum() == 11
-    assert sorted(set(_weighted(7, 1.5, rng).tolist())) == [1, 2]
+    """7 records at weight 0.5 keep round-half-up(3.5) = 4; 1.5 gives 7 + 4: each record once, 4 twice."""
+    data = tmp_path / "seven.jsonl"
+    data.write_text("".join(EXAMPLE_CHATS.read_text().splitlines(keepends=True)[:7]))
+    sources = [{"path": str(data), "name": f"w{w}", "weight": w} for w in (0.5, 1.5)]
+    out = tmp_path / "out"
+    manifest = packprep.pack([], str(out), TOKENIZER, max_len=2048, mix=mix_file(tmp_path, sources), num_proc=1)
+    assert [i["records"] for i in manifest["inputs"]] == [7, 7]
+    rows = manifest["mixture"]["sources"]
+    assert [(s["train_records"], s["train_sequences"]) for s in rows] == [(4, 4), (7, 11)]
+    copies = Counter(r for row in split_rows(out) for r in row["source_index"])
+    assert sorted(copies[r] for r in range(7) if copies[r]) == [1, 1, 1, 1]
+    assert sorted(copies[r] for r in range(7, 14)) == [1, 1, 1, 2, 2, 2, 2]
 
 
 @needs_fixtures

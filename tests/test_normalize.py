@@ -15,7 +15,7 @@ from packprep.normalize import (ROLES, Conversation, FieldNames, Policy, Rejecte
                                 load_schema, normalize)
 from packprep.tokenization import ChatEncoder, Encoded, load_tokenizer
 
-from .conftest import CONVERSATIONS, fixture_tokenizer, needs_fixtures
+from .conftest import CONVERSATIONS, fixture_tokenizer, needs_fixtures, slow_but
 from .test_labels_reference import TOKENIZERS, conversations, reference_texts
 
 
@@ -190,7 +190,7 @@ def test_every_shape_trains_the_assistant_turns_of_its_normalised_messages(token
 
 
 @needs_fixtures
-@pytest.mark.parametrize("tokenizer_name", ["qwen2.5", "llama3"])
+@pytest.mark.parametrize("tokenizer_name", slow_but({"llama3"}, ["qwen2.5", "llama3"]))
 def test_glaive_tool_calls_are_trained_in_the_templates_own_format(tokenizer_name):
     tok = load_tokenizer(fixture_tokenizer(tokenizer_name), transformers=True)  # the reference
     encoder = ChatEncoder(load_tokenizer(fixture_tokenizer(tokenizer_name)))

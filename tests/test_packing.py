@@ -409,19 +409,24 @@ def test_strategies_constant():
     assert ROW_ORDERS == ("shuffle", "length", "input")
 
 
-def test_large_max_len_paths_match_naive(monkeypatch):
-    # above _CLASS_LIMIT greedy/bfd switch to structures indexed by bin; force that path
-    from packprep import packing
+def test_large_max_len_paths_match_naive():
+    """Above CLASS_LIMIT greedy/bfd switch to structures indexed by bin: small instances scaled past it
+    (each length times k, less a jitter below k), so that bins still hold several sequences."""
+    from packprep.packing import CLASS_LIMIT
 
-    monkeypatch.setattr(packing, "_CLASS_LIMIT", 8)
     rng = np.random.default_rng(5)
     for _ in range(30):
-        cap = int(rng.integers(9, 60))
-        lengths = rng.integers(1, cap + 1, int(rng.integers(0, 120)))
+        small = int(rng.integers(9, 60))
+        k = CLASS_LIMIT // small + 1
+        cap = small * k
+        assert cap > CLASS_LIMIT
+        n = int(rng.integers(0, 120))
+        lengths = rng.integers(1, small + 1, n) * k - rng.integers(0, k, n)
         assert as_lists(pack_lengths(lengths, cap, "greedy")) == naive_ffd(lengths.tolist(), cap)
         assert as_lists(pack_lengths(lengths, cap, "bfd")) == naive_bfd(lengths.tolist(), cap)
 
 
+@pytest.mark.slow
 def test_numba_is_imported_at_the_first_kernel_call_not_at_start_up():
     """``packprep pack`` imports the CLI and the pipeline before its first record is read; numba
     (0.15-0.5 s to import) waits until packing starts."""
@@ -434,6 +439,7 @@ def test_numba_is_imported_at_the_first_kernel_call_not_at_start_up():
     assert out.stdout.split() == ["False", "2", "True"]
 
 
+@pytest.mark.slow
 def test_the_kernels_run_where_numba_cannot_cache_them():
     """A read-only install and home, no NUMBA_CACHE_DIR: numba refuses ``cache=True``. The kernels
     are then compiled for the run, with a warning that says how to keep them."""

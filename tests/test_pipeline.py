@@ -10,9 +10,9 @@ import pytest
 
 import packprep
 from packprep.errors import ConfigError, InputError
-from packprep.normalize import detect_format, normalize
+from packprep.normalize import Conversation, detect_format, normalize
 from packprep.read import resolve_inputs, read_records
-from packprep.tokenization import ChatEncoder, load_tokenizer
+from packprep.tokenization import ChatEncoder, Encoded, load_tokenizer
 
 from .conftest import CONVERSATIONS, EXAMPLE_CHATS, EXAMPLE_TOKENIZER, fixture_tokenizer, needs_fixtures
 
@@ -375,13 +375,28 @@ def test_a_broken_environment_is_a_config_error_not_a_rejected_record(tmp_path, 
     assert list(tmp_path.iterdir()) == []
 
 
-def test_worker_processes_tokenize_on_one_thread_each(encoder):
-    """With --num-proc > 1 the processes are the parallelism: tiktoken threads would oversubscribe."""
+def test_worker_processes_tokenize_on_one_thread_each(monkeypatch):
+    """With --num-proc > 1 the processes are the parallelism: tiktoken threads would oversubscribe.
+    On 4 cores a batch is encoded on several threads, under ``one_thread`` on the caller's alone."""
+    import os
+    import threading
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    encoder = ChatEncoder(load_tokenizer(TOKENIZER))
     assert encoder.backend_name == "tiktoken"  # the example tokenizer is a byte-level BPE
-    threads = encoder._fast.num_threads
+    started, start = [], threading.Thread.start
+    monkeypatch.setattr(threading.Thread, "start", lambda self: started.append(self.name) or start(self))
+    batch = [Conversation(text=f"Text number {n}, encoded on some thread.") for n in range(16)]
+
+    def threads_to_encode() -> int:
+        started.clear()
+        assert all(isinstance(e, Encoded) for e in encoder.encode(batch))
+        return sum(name.startswith("ThreadPoolExecutor") for name in started)
+
+    assert threads_to_encode() > 1
     with encoder.one_thread():
-        assert encoder._fast.num_threads == 1
-    assert encoder._fast.num_threads == threads
+        assert threads_to_encode() == 0
+    assert threads_to_encode() > 1
 
 
 @pytest.mark.parametrize("num_proc", [1, 2])

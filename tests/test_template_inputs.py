@@ -71,6 +71,7 @@ packprep.pack(chats, out, folder, num_proc=1, max_len=256)
 """
 
 
+@pytest.mark.slow
 def test_the_same_inputs_give_the_same_bytes_whatever_the_clock_says(template_folder, tmp_path):
     folder, chats = template_folder("llama-3.2"), write_chats(tmp_path / "chats.jsonl")
     outputs = []
@@ -91,6 +92,7 @@ def test_the_same_inputs_give_the_same_bytes_whatever_the_clock_says(template_fo
     assert json.loads((outputs[0] / "packprep.json").read_text())["config"]["date"] == "2024-07-26"
 
 
+@pytest.mark.slow
 def test_date_and_template_args_reach_every_rendering_and_the_manifest(template_folder, tmp_path):
     folder, chats = template_folder("llama-3.2"), write_chats(tmp_path / "chats.jsonl")
     manifest = packprep.pack(str(chats), str(tmp_path / "out"), folder, num_proc=1, max_len=256, date="2025-01-31",
@@ -175,6 +177,7 @@ def named_folder(tmp_path_factory, template_folder) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_named_templates_default_or_chosen(named_folder, tmp_path):
     chats = write_chats(tmp_path / "chats.jsonl", CHATS[:1])
     templates = {e["name"]: e["template"] for e in json.loads((named_folder / "tokenizer_config.json").read_text())[

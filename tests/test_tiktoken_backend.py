@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import multiprocessing
 import os
@@ -16,7 +17,7 @@ import packprep
 from packprep import encode, tiktoken_backend, tiktoken_convert
 from packprep.errors import ConfigError
 from packprep.normalize import Conversation, Rejected
-from packprep.tiktoken_backend import TiktokenBackend, check_equivalence, guard_sample
+from packprep.tiktoken_backend import TiktokenBackend, check_equivalence, fast_backend, guard_sample
 from packprep.tokenization import ChatEncoder, Encoded, load_tokenizer
 from packprep.tokenizer_folder import FolderTokenizer
 
@@ -69,9 +70,8 @@ def test_ids_and_labels_equal_hf_on_every_fixture_file(tokenizers, name):
                 rendered.append(hf.render(conversation))
             except Rejected:
                 pass
-        for start in range(0, len(rendered), 256):
-            batch = rendered[start : start + 256]
-            assert_same(hf._tokenize(batch), fast._tokenize(batch))
+        for start in range(0, len(rendered), 256):  # ids and cuts (where the labels start and stop)
+            assert fast.differs_from_hf(rendered[start : start + 256]) is None
     assert fast.backend_name == "tiktoken", "the runtime guard found no difference"
 
 
@@ -113,7 +113,7 @@ def test_sentencepiece_byte_fallback_and_space_runs_equal_hf(tokenizers, name):
     backend, reason = TiktokenBackend.from_hf(tok)
     assert backend is not None, reason
     vocab = tok.get_vocab()
-    ranks = backend.encoding._mergeable_ranks
+    ranks = set(backend.encoding.token_byte_values())
     # a character outside the vocabulary whose first two bytes are a prefix of one inside it:
     # tiktoken merges those two bytes, and they must come back as two byte-fallback tokens
     orphan = next(c for c in map(chr, range(0x4E00, 0xA000)) if c not in vocab and c.encode()[:2] in ranks)
@@ -125,12 +125,11 @@ def test_sentencepiece_byte_fallback_and_space_runs_equal_hf(tokenizers, name):
 @pytest.mark.parametrize("name", ["llama3", *SENTENCEPIECE])
 def test_cuts_equal_hf_at_every_character(tokenizers, name):
     """The first token at or after each character, as HF's offsets place it (the labels rest on it)."""
-    from packprep.tokenization import _first_token_at_or_after
-
     tok = tokenizer(tokenizers, name)
     backend, _ = TiktokenBackend.from_hf(tok)
     encoding = tok.backend_tokenizer.encode(TRICKY, add_special_tokens=False)
-    expected = [_first_token_at_or_after(encoding, c, len(encoding.ids), len(TRICKY)) for c in range(len(TRICKY) + 1)]
+    starts = [start for start, _ in encoding.offsets]
+    expected = [next((t for t, start in enumerate(starts) if start >= c), len(starts)) for c in range(len(TRICKY) + 1)]
     (ids, cuts), = backend.encode_batch([TRICKY], False, [list(range(len(TRICKY) + 1))])
     assert ids.tolist() == encoding.ids
     assert cuts.tolist() == expected
@@ -279,22 +278,29 @@ def test_what_the_record_knows_of_a_tokenizer_is_what_hf_says(tmp_path, monkeypa
     monkeypatch.setenv("PACKPREP_CACHE", str(tmp_path))
     ChatEncoder(load_tokenizer(fixture_tokenizer(name)))
     warm, hf = load_tokenizer(fixture_tokenizer(name)), load_tokenizer(fixture_tokenizer(name))
-    encoder = ChatEncoder(warm)
-    assert encoder.backend_name == "tiktoken" and encoder._guard_chars == 0
+    assert ChatEncoder(warm).backend_name == "tiktoken"
+    backend, _, verified_before = fast_backend(warm)
+    assert verified_before, "rebuilt from the record, not converted again"
     assert not warm.backend_loaded and warm.known
     for attribute in ("eos_token_id", "bos_token_id", "pad_token_id", "unk_token_id"):
         assert getattr(warm, attribute) == getattr(hf, attribute)
     assert len(warm) == len(hf)
     assert not warm.backend_loaded and hf.backend_loaded
     texts = [TRICKY, "Hello world", *guard_sample(hf)]
-    assert [ids.tolist() for ids, _ in encoder._fast.encode_batch(texts, True)] == \
+    assert [ids.tolist() for ids, _ in backend.encode_batch(texts, True)] == \
         [e.ids for e in hf.backend_tokenizer.encode_batch(texts, add_special_tokens=True)]
+
+
+def record_checksum(meta: dict) -> str:
+    """A verified record's checksum: sha256 of its meta as sorted JSON (as _rewrite_record checks)."""
+    return hashlib.sha256(json.dumps(meta, sort_keys=True).encode("utf-8")).hexdigest()
 
 
 def _rewrite_record(path, change):
     record = json.loads(path.read_text())
+    assert record["checksum"] == record_checksum(record["meta"]), "forged as packprep writes them"
     change(record["meta"])
-    record["checksum"] = tiktoken_backend._checksum(record["meta"])  # a well-formed record, with wrong contents
+    record["checksum"] = record_checksum(record["meta"])  # a well-formed record, with wrong contents
     path.write_text(json.dumps(record))
 
 
@@ -341,8 +347,12 @@ def test_a_corrupt_or_stale_cache_is_not_trusted(tmp_path, monkeypatch, corrupti
     [record] = tmp_path.glob("tiktoken-verified-*")
     CORRUPTIONS[corruption](ranks, record)
     tok = load_tokenizer(str(folder))
+    backend, _, verified_before = fast_backend(tok)  # what ChatEncoder(tok) starts with
+    assert tok.backend_loaded and backend is not None and not verified_before, "the full path was taken"
+    texts = [TRICKY, "Hello world, how are you?", "Fine. 中文 café"]
+    assert [ids.tolist() for ids, _ in backend.encode_batch(texts, True)] == \
+        [e.ids for e in tok.backend_tokenizer.encode_batch(texts, add_special_tokens=True)]
     encoder = ChatEncoder(tok)
-    assert tok.backend_loaded and encoder._guard_chars > 0, "the full path was taken"
     assert encoder.backend_name == "tiktoken"
     hf = ChatEncoder(tok, backend="hf")
     batch = [Conversation(messages=[{"role": "user", "content": "Hello world, how are you?"},
@@ -350,7 +360,7 @@ def test_a_corrupt_or_stale_cache_is_not_trusted(tmp_path, monkeypatch, corrupti
              for n in range(5)]
     assert_same(hf.encode(batch), encoder.encode(batch))
     again = load_tokenizer(str(folder))
-    assert ChatEncoder(again)._guard_chars == 0 and not again.backend_loaded, "the cache was made good again"
+    assert fast_backend(again)[2] and not again.backend_loaded, "the cache was made good again"
 
 
 @needs_fixtures
@@ -364,8 +374,10 @@ def test_a_changed_tokenizer_json_is_a_new_cache_key(tmp_path, monkeypatch):
     vocab["a"], vocab["b"] = vocab["b"], vocab["a"]  # still a byte-level BPE tiktoken can copy
     (folder / "tokenizer.json").write_text(json.dumps(data))
     tok = load_tokenizer(str(folder))
+    backend, _, verified_before = fast_backend(tok)
+    assert tok.backend_loaded and backend is not None and not verified_before, "converted again, not from the record"
     encoder = ChatEncoder(tok)
-    assert tok.backend_loaded and encoder.backend_name == "tiktoken" and encoder._guard_chars > 0
+    assert encoder.backend_name == "tiktoken"
     plain = [Conversation(text="a b ab ba")]
     got = encoder.encode(plain)
     assert_same(ChatEncoder(tok, backend="hf").encode(plain), got)
@@ -397,8 +409,8 @@ def test_a_special_token_the_record_does_not_know_is_looked_up_in_hf(tmp_path, m
     config = json.loads((folder / "tokenizer_config.json").read_text())
     (folder / "tokenizer_config.json").write_text(json.dumps(dict(config, eos_token="hello")))
     tok = load_tokenizer(str(folder))
+    assert fast_backend(tok)[2], "the conversion came from the record"
     encoder = ChatEncoder(tok)
-    assert encoder._guard_chars == 0, "the conversion came from the record"
     assert tok.backend_loaded and encoder.eos_token_id == tok.backend_tokenizer.token_to_id("hello")
 
 

@@ -102,22 +102,24 @@ def test_loading_a_tokenizer_folder_imports_neither_transformers_nor_torch():
 
 @needs_fixtures
 def test_the_tiktoken_conversion_is_cached_by_the_tokenizer_files_hash(tmp_path, monkeypatch):
-    """The second start reads the ranks from the cache (converting would fail here) and encodes the same."""
-    import packprep.tiktoken_backend as tiktoken_backend
+    """The second start reads the ranks from the cache (converting needs the HF tokenizer, which it never
+    builds; the cache files stay as they were) and encodes the same."""
+    from packprep.tiktoken_backend import fast_backend
     from packprep.tokenization import ChatEncoder
 
     monkeypatch.setenv("PACKPREP_CACHE", str(tmp_path))
     first = ChatEncoder(load_tokenizer(fixture_tokenizer("llama3")))
     assert first.backend_name == "tiktoken"
     assert sorted(p.name.split("-v1-")[0] for p in tmp_path.iterdir()) == ["tiktoken-ranks", "tiktoken-verified"]
-
-    def no_conversion(*args):
-        raise AssertionError("converted again instead of reading the cache")
-
-    monkeypatch.setattr(tiktoken_backend, "_ranks", no_conversion)
-    second = ChatEncoder(load_tokenizer(fixture_tokenizer("llama3")))
+    cache = lambda: {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in tmp_path.iterdir()}  # noqa: E731
+    before = cache()
+    tok = load_tokenizer(fixture_tokenizer("llama3"))
+    second = ChatEncoder(tok)
     assert second.backend_name == "tiktoken"
+    backend, _, verified_before = fast_backend(tok)  # what ChatEncoder(tok) started with
+    assert verified_before and not tok.backend_loaded, "converted again instead of reading the cache"
+    assert cache() == before
     texts = [m["content"] for c in fixture_conversations(20) for m in c.messages]
     hf = load_tokenizer(fixture_tokenizer("llama3"), transformers=True)
-    fast = [ids.tolist() for ids, _ in second._fast.encode_batch(texts)]
+    fast = [ids.tolist() for ids, _ in backend.encode_batch(texts)]
     assert fast == hf(texts, add_special_tokens=False)["input_ids"]

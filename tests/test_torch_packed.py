@@ -337,8 +337,6 @@ def test_varlen_adapter_with_reference_kernel(model, dataset, monkeypatch):
     """
     import torch.nn.attention.varlen as varlen_mod
 
-    import packprep.training.attention as pt
-
     calls = []
 
     def reference_varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None,
@@ -356,7 +354,6 @@ def test_varlen_adapter_with_reference_kernel(model, dataset, monkeypatch):
         return out
 
     monkeypatch.setattr(varlen_mod, "varlen_attn", reference_varlen_attn)
-    monkeypatch.setattr(pt, "_VARLEN_PARAMS", None)
     name = register_varlen_attention("packprep_varlen_test", require_cuda=False)
     assert name == "packprep_varlen_test"
     model.set_attn_implementation(name)
@@ -378,7 +375,6 @@ def test_varlen_adapter_with_reference_kernel(model, dataset, monkeypatch):
         check_isolation(model)
     finally:
         model.set_attn_implementation("sdpa")
-        monkeypatch.setattr(pt, "_VARLEN_PARAMS", None)
 
 
 def test_model_call_with_whole_batch(model, dataset):

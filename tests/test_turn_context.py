@@ -19,7 +19,7 @@ from packprep.normalize import FieldNames, Rejected, detect_format, fit_to_templ
 from packprep.render import ChatTemplate, probe_shape
 from packprep.tokenization import ChatEncoder, Encoded, load_tokenizer
 
-from .conftest import EXAMPLE_TOKENIZER, fixture_tokenizer, needs_fixtures
+from .conftest import EXAMPLE_TOKENIZER, fixture_tokenizer, needs_fixtures, slow_but
 from .reference_labels import SHAPES, exact_sequences, renderer, token_labels, turn_targets
 
 FAMILIES = ["qwen3", "qwq", "deepseek-r1-distill-qwen", "phi-3.5-mini", "mistral-v3", "llama-3.1", "llama-3.2"]
@@ -75,7 +75,7 @@ def _conversation(encoder, record):
 
 @needs_fixtures
 @pytest.mark.parametrize("data", list(RECORDS))
-@pytest.mark.parametrize("name", FAMILIES + FIXTURE_TOKENIZERS)
+@pytest.mark.parametrize("name", slow_but({"phi-3.5-mini", "mistral-v3"}, FAMILIES + FIXTURE_TOKENIZERS))
 def test_every_turn_is_trained_in_its_inference_context(name, data, template_folder):
     folder = _folder(name, template_folder)
     tok = load_tokenizer(folder, transformers=True)  # the reference's own tokenizer and renderer
@@ -163,7 +163,7 @@ def test_a_prompt_that_opens_a_block_no_reply_is_stripped_of_is_not_a_reasoning_
 
 
 @needs_fixtures
-@pytest.mark.parametrize("name", ["qwen3", "deepseek-r1-distill-qwen"])
+@pytest.mark.parametrize("name", slow_but({"qwen3"}, ["qwen3", "deepseek-r1-distill-qwen"]))
 def test_policies_trade_tokens_for_turns_in_context(name, template_folder):
     encoders = {p: ChatEncoder(load_tokenizer(template_folder(name)), backend="hf", turn_context=p)
                 for p in ("exact", "intact", "rendered")}
@@ -207,6 +207,7 @@ def test_a_conversation_of_several_sequences_is_packed_accounted_and_checked_aga
 
 
 @needs_fixtures
+@pytest.mark.slow
 def test_stats_shows_each_policys_cost(template_folder, tmp_path):
     inputs = tmp_path / "chats.jsonl"
     inputs.write_text(json.dumps(RECORDS["chat"]) + "\n")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any
 
@@ -67,7 +68,7 @@ def varlen_attention_forward(
     q = query.transpose(1, 2).reshape(b * t, hq, d)
     k = key.transpose(1, 2).reshape(b * key.shape[2], hkv, d)
     v = value.transpose(1, 2).reshape(b * value.shape[2], hkv, d)
-    params = _varlen_params()
+    params = _parameters(varlen_attn)
     extra: dict[str, Any] = {}
     if hq != hkv:
         if "enable_gqa" in params:
@@ -88,16 +89,11 @@ def varlen_attention_forward(
     return out.reshape(b, t, hq, d), None
 
 
-_VARLEN_PARAMS: frozenset | None = None
-
-
-def _varlen_params() -> frozenset:
-    global _VARLEN_PARAMS
-    if _VARLEN_PARAMS is None:
-        from torch.nn.attention.varlen import varlen_attn
-
-        _VARLEN_PARAMS = frozenset(inspect.signature(varlen_attn).parameters)
-    return _VARLEN_PARAMS
+@functools.lru_cache(maxsize=4)
+def _parameters(function) -> frozenset:
+    """The parameter names of the ``varlen_attn`` being called (torch versions add some), looked up once
+    a function: a cache of the module's name alone would outlive a replaced ``varlen_attn``."""
+    return frozenset(inspect.signature(function).parameters)
 
 
 def register_varlen_attention(name: str = VARLEN_ATTENTION_NAME, *, require_cuda: bool = True) -> str | None:
