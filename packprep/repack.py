@@ -46,11 +46,11 @@ def repack(folder: str | os.PathLike, output: str | os.PathLike, *, overwrite: b
     from .pipeline import publish, write_output
     from .verification import read_manifest
 
+    run = RunOptions(num_proc=num_proc)
     source = Path(folder).absolute()
     old = read_manifest(source)
     readable_layout(old.get("layout"), where=f"{source}: ")
     config = repack_config(old["config"], settings)
-    run = RunOptions(num_proc=num_proc)
     layout = get_layout(layout or old.get("layout") or DEFAULT_LAYOUT)
     target = OutputFolder(output, overwrite)
     if target.final == source or source in target.final.parents:
