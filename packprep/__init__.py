@@ -16,7 +16,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "Bins": "packing",
     "pack_lengths": "packing",
-    "PackConfig": "pipeline",
+    "PackConfig": "settings",
     "pack": "pipeline",
     "export": "convert",
     "push": "hub_upload",

@@ -26,7 +26,8 @@ from .render import TURN_CONTEXTS, context_text
 from .packing import ROW_ORDERS, STRATEGIES, STRATEGY_TABLE
 from .inspection import inspect_row
 from .engines import ENGINES
-from .pipeline import ON_ERROR, PREFERENCE, PackConfig, pack as pack_, verify_folder
+from .pipeline import pack as pack_, verify_folder
+from .settings import ON_ERROR, PREFERENCE, PackConfig
 from .balance import SAMPLERS
 from .length_stats import DEFAULT_MAX_LENS, DEFAULT_STRATEGIES, stats as stats_
 from .verification import verify as verify_

@@ -34,7 +34,7 @@ from .tokenization import GUARD_CHARS, ChatEncoder, Encoded, load_tokenizer
 
 if TYPE_CHECKING:  # pragma: no cover
     from .engines import Engine
-    from .pipeline import PackConfig
+    from .settings import PackConfig
 
 BATCH = 256  # conversations a tokenizer call
 TOKENIZER_FILES_LIMIT = 64 << 20  # a tokenizer folder travels to remote workers as its files up to this size

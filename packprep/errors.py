@@ -63,12 +63,6 @@ class PushError(PackprepError):
     exit_code = EXIT_PUSH
 
 
-def check_range(option: str, value, low, high) -> None:
-    """A ConfigError naming ``option`` and its allowed range unless ``low <= value <= high``."""
-    if not low <= value <= high:
-        raise ConfigError(f"{option} must be between {low:,} and {high:,}, not {value:,}")
-
-
 class Rejected(Exception):
     """A record that cannot be trained on (not a run error: the record is set aside and counted).
 

@@ -26,6 +26,7 @@ from .errors import ConfigError
 from .normalize import FORMATS
 from .packing import Bins
 from .read import Source, resolve_inputs
+from .settings import check_choice, check_validation_size
 
 MIX_KEYS = ("path", "name", "weight", "share", "format", "messages_field")
 UNSAMPLED = 4  # a ledger status beside encode.FATES: an accepted record the mixture left out
@@ -95,8 +96,8 @@ def _mix_source(entry, where: str, base: Path) -> MixSource:
     path = local if beside else entry["path"]
     source = MixSource(path, str(entry.get("name") or entry["path"]), format=entry.get("format"),
                        messages_field=entry.get("messages_field"))
-    if source.format is not None and source.format not in FORMATS:
-        raise ConfigError(f"{where}: format must be one of {', '.join(FORMATS)}")
+    if source.format is not None:
+        check_choice(f"{where}: format", source.format, FORMATS)
     if "share" in entry:
         source.share = _number(entry["share"], "share", where)
         if not 0 < source.share < 1 + SHARE_TOLERANCE:
@@ -136,11 +137,6 @@ def resolve_mix(mix: list[MixSource]) -> tuple[list[Source], list[int]]:
             files.append(found)
             groups.append(number)
     return files, groups
-
-
-def check_validation_size(size: float | None) -> None:
-    if size is not None and (size <= 0 or (size >= 1 and size != int(size))):
-        raise ConfigError("--validation-size must be a fraction between 0 and 1, or a whole number of records")
 
 
 @dataclass

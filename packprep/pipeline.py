@@ -10,152 +10,35 @@ import json
 import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict
 from functools import partial
 
 import numpy as np
 
 from . import __version__
-from .balance import SAMPLERS, balance_bins, balance_summary, can_balance
+from .balance import balance_bins, balance_summary
 from .card import length_histograms, render_card
-from .assistant_turns import REASONING
-from .control_text import MODES as CONTENT_SPECIAL
 from .cost import model_cost
 from .encode import FATES, PACKED, REJECTED, SPLIT, Encoding
 from .ledger import Ledger, top_reasons
 from .engines import Engine, LocalEngine, make_engine, runs_per_item
-from .errors import ConfigError, InputError, check_range
+from .errors import ConfigError, InputError
 from .layout import DEFAULT_LAYOUT, FILES, get_layout
 from .materialize import PackSink, Segments, TokenStore
-from .normalize import CHANGES, CONSECUTIVE, FORMATS, LEADING, SYSTEM
-from .render import TURN_CONTEXTS
-from .packing import ROW_ORDERS, STRATEGY_TABLE, Bins, lower_bound, order_bins
-from .plan import check_overlong, check_strategy, plan_bins
+from .normalize import CHANGES
+from .packing import STRATEGY_TABLE, Bins, lower_bound, order_bins
+from .plan import plan_bins
 from .progress import Progress
 from .mix import UNSAMPLED, Mixture, input_starts, open_inputs, plan_rounds
 from .json_scan import scan_json_chunk
 from .parts import Part, PartPlan
 from .read import Source, file_sha256
+from .settings import PackConfig, RunOptions  # PackConfig also as packprep.pipeline.PackConfig, as before
 from .split import membership
-from .template_inputs import DEFAULT_DATE, check_date, check_template_args
-from .tokenization import BACKENDS, TRAIN_ON, tokenizer_fingerprint
+from .tokenization import tokenizer_fingerprint
 from .verification import Report, ShardCheck, ShardContext, check_part, check_tasks, join_checks, verify
-from .write import (SHARD_FORMATS, OutputFolder, finish_shards, join_shard, parse_size, prepare_shards, shard_pieces,
-                    write_piece, writers)
-
-ON_ERROR = ("skip", "fail")
-
-
-# the allowed range of each number setting: checked before any work, the message names it
-PREFERENCE = ("refuse", "chosen")
-RANGES = {
-    "max_len": (2, 2**31 - 1),  # rows and their positions are int32
-    "seed": (0, 2**32 - 1),  # numpy's seeds
-    "samples_per_row": (1, 2**31 - 1),
-    "partition_size": (1, 2**62),
-    "render_timeout": (0.001, 86_400),
-    "max_record_chars": (1, 2**62),
-    "balance_dp": (1, 2**20),
-    "rows_per_step": (1, 2**20),
-}
-
-
-@dataclass
-class PackConfig:
-    """Every setting that shapes the output; recorded in full in the manifest."""
-
-    max_len: int = 4096
-    strategy: str = "greedy"
-    seed: int = 0
-    train_on: str = "assistant"
-    turn_context: str = "exact"  # exact | intact | rendered: a turn the full rendering rewrites (render.py)
-    format: str | None = None  # None: detected per record
-    messages_field: str | None = None
-    text_field: str = "text"
-    overlong: str = "truncate"
-    row_order: str = "shuffle"
-    samples_per_row: int | None = None
-    shard_format: str = "parquet"
-    shard_size: str = "500MB"
-    on_error: str = "skip"
-    tokenizer_backend: str = "auto"  # auto | hf | tiktoken; the output is the same with each
-    partition_size: int | None = None  # pack each run of this many sequences on its own; None: globally
-    leading_assistant: str = "drop"  # turns before the first user turn: drop | reject (normalize.py)
-    consecutive: str = "merge"  # two user or two assistant turns in a row: merge | keep | reject
-    system: str = "auto"  # auto: fold into the first user turn where the template renders no system message
-    balance_dp: int | None = None  # data-parallel ranks to balance each step's rows for (balance.py); None: off
-    rows_per_step: int = 1  # with balance_dp: rows each rank takes a step (its per-device batch)
-    balance_sampler: str = "distributed"  # with balance_dp: the sampler order targeted (balance.SAMPLERS)
-    model_config: str | None = None  # with balance_dp: the model's config.json for the cost model (cost.py)
-    render_timeout: float = 60.0  # seconds one record's rendering may take; a record over it is rejected
-    max_record_chars: int = 10_000_000  # text one record may hold; more is rejected before rendering (minutes, GBs)
-    preference: str = "refuse"  # preference data (chosen/rejected): refuse | chosen (train on the chosen reply)
-    content_special_tokens: str = "text"  # text in records that spells a control token: text | special (control_text.py)
-    reasoning: str = "inline"  # reasoning for a template that reads none: inline | drop | reject (normalize.py)
-    date: str = DEFAULT_DATE  # the date templates that read the clock get (template_inputs.py)
-    template_args: dict = field(default_factory=dict)  # variables passed to every rendering (--template-arg)
-    chat_template: str | None = None  # which of the tokenizer's named templates; None: "default"
-
-    @classmethod
-    def from_settings(cls, settings: dict, command: str = "pack") -> "PackConfig":
-        """The validated config of these settings; an unknown one is a ConfigError naming the known ones."""
-        known = [f.name for f in fields(cls)]
-        unknown = sorted(set(settings) - set(known))
-        if unknown:
-            raise ConfigError(f"unknown setting(s) for {command}: {', '.join(unknown)} (known: {', '.join(known)})")
-        config = cls(**settings)
-        config.validate()
-        return config
-
-    def validate(self) -> None:
-        check_strategy(self.strategy, self.samples_per_row)
-        check_overlong(self.overlong)
-        choices = {
-            "train_on": TRAIN_ON,
-            "turn_context": TURN_CONTEXTS,
-            "row_order": ROW_ORDERS,
-            "shard_format": SHARD_FORMATS,
-            "on_error": ON_ERROR,
-            "tokenizer_backend": BACKENDS,
-            "leading_assistant": LEADING,
-            "consecutive": CONSECUTIVE,
-            "system": SYSTEM,
-            "content_special_tokens": CONTENT_SPECIAL,
-            "preference": PREFERENCE,
-            "reasoning": REASONING,
-        }
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                raise ConfigError(f"--{name.replace('_', '-')} must be one of {', '.join(allowed)}")
-        if self.format is not None and self.format not in FORMATS:
-            raise ConfigError(f"--format must be one of {', '.join(FORMATS)}")
-        for name, (low, high) in RANGES.items():
-            value = getattr(self, name)
-            if value is not None:
-                check_range(f"--{name.replace('_', '-')}", value, low, high)
-        parse_size(self.shard_size)
-        check_date(self.date)
-        check_template_args(self.template_args)
-        if self.chat_template is not None and not (isinstance(self.chat_template, str) and self.chat_template):
-            raise ConfigError("--chat-template must name one of the tokenizer's chat templates")
-        self._validate_balance()
-
-    def _validate_balance(self) -> None:
-        if self.model_config is not None:
-            model_cost(self.model_config)  # a bad path or shape fails now, before any tokenizing
-        if self.balance_dp is None:
-            if self.rows_per_step != 1 or self.balance_sampler != "distributed":
-                raise ConfigError("--rows-per-step and --balance-sampler apply only with --balance-dp N")
-            return
-        if self.balance_sampler not in SAMPLERS:
-            raise ConfigError(f"--balance-sampler must be one of {', '.join(SAMPLERS)}")
-        if not can_balance(STRATEGY_TABLE[self.strategy]):
-            able = ", ".join(name for name, s in STRATEGY_TABLE.items() if can_balance(s))
-            raise ConfigError(f"--balance-dp re-packs the rows of a packer that keeps samples whole ({able}), "
-                              f"not --strategy {self.strategy}")
-        if self.row_order != "shuffle":
-            raise ConfigError("--balance-dp orders the rows itself (steps in seeded random order); "
-                              f"leave --row-order at shuffle, not {self.row_order}")
+from .write import (OutputFolder, finish_shards, join_shard, parse_size, prepare_shards, shard_pieces, write_piece,
+                    writers)
 
 
 def pack(
@@ -186,6 +69,7 @@ def pack(
     system every node sees) and gives the same bytes as ``"local"``.
     """
     config = PackConfig.from_settings(settings)
+    run = RunOptions(engine, num_proc, ray_address)
     layout = get_layout(layout)
     if validation_size and layout.writes == FILES:
         raise ConfigError(f"--layout {layout.name} writes files of its own, with no validation split: pack "
@@ -193,7 +77,7 @@ def pack(
     sources, mixture = open_inputs([inputs] if isinstance(inputs, str) else list(inputs), mix, validation_size)
     folder = OutputFolder(output, overwrite)
     folder.check()
-    runner = make_engine(engine, num_proc, ray_address)
+    runner = make_engine(run.engine, run.num_proc, run.ray_address)
     try:
         encoding = Encoding.open(sources, tokenizer, config)
         return _pack_into(folder, encoding, config, layout, runner, progress, mixture)
@@ -457,7 +341,7 @@ def check_shards(context: ShardContext, shards: list[dict], engine: Engine, work
 def verify_folder(folder, num_proc: int | None = None, engine: Engine | None = None, **options) -> Report:
     """:func:`packprep.verification.verify` with the shards checked on ``engine`` (default: a local one of
     ``num_proc`` workers, all cores by default, closed after); the report is the same with any."""
-    runner = engine or make_engine("local", num_proc)
+    runner = engine or make_engine("local", RunOptions(num_proc=num_proc).num_proc)
     try:
         return verify(folder, checker=partial(check_shards, engine=runner), **options)
     finally:

@@ -9,27 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import ConfigError
 from .fates import DROPPED, EMPTIED, PACKED, TRUNCATED
-from .packing import STRATEGIES, STRATEGY_TABLE, Bins, Strategy, index_dtype, pack_lengths, pieces_to_bins, split_pieces
+from .packing import STRATEGY_TABLE, Bins, index_dtype, pack_lengths, pieces_to_bins, split_pieces
 
 OVERLONG = ("truncate", "drop", "split")
 WHOLE = PACKED  # what --overlong decides for a sample that stays whole (packprep.fates)
-
-
-def check_strategy(name: str, samples_per_row: int | None = None) -> Strategy:
-    """The strategy called ``name``, or a ConfigError saying what is wrong with the choice."""
-    if name not in STRATEGY_TABLE:
-        raise ConfigError(f"--strategy must be one of {', '.join(STRATEGIES)}, not {name!r}")
-    strategy = STRATEGY_TABLE[name]
-    if strategy.needs_samples_per_row and not (samples_per_row and samples_per_row >= 1):
-        raise ConfigError(f"--strategy {name} needs samples_per_row (--samples-per-row B, B >= 1)")
-    return strategy
-
-
-def check_overlong(overlong: str) -> None:
-    if overlong not in OVERLONG:
-        raise ConfigError(f"--overlong must be one of {', '.join(OVERLONG)}")
 
 
 def overlong_fates(lengths, max_len: int, overlong: str, supervised_within=None) -> np.ndarray:

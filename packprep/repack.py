@@ -31,10 +31,9 @@ from .layout import DEFAULT_LAYOUT, ShardReader, get_layout, list_column, readab
 from .materialize import Spilled, TokenStore, spill_path
 from .mix import UNSAMPLED, MixSource, Mixture, Selection
 from .plan import DROPPED, EMPTIED, TRUNCATED as CUT, overlong_fates
+from .settings import RunOptions, repack_config
 from .tokenization import IGNORE_INDEX
 from .write import OutputFolder
-
-REPACK_SETTINGS = ("max_len", "strategy", "seed", "row_order", "samples_per_row")
 
 
 def repack(folder: str | os.PathLike, output: str | os.PathLike, *, overwrite: bool = False,
@@ -44,18 +43,14 @@ def repack(folder: str | os.PathLike, output: str | os.PathLike, *, overwrite: b
     ``strategy``, ``seed``, ``row_order``, ``samples_per_row``; None keeps the folder's); return the
     new manifest. ``layout``: None keeps the folder's. ``accept_truncated``: pack sequences cut at the old
     ``max_len`` as they are stored."""
-    from .pipeline import PackConfig, publish, write_output
+    from .pipeline import publish, write_output
     from .verification import read_manifest
 
+    run = RunOptions(num_proc=num_proc)
     source = Path(folder).absolute()
     old = read_manifest(source)
     readable_layout(old.get("layout"), where=f"{source}: ")
-    unknown = sorted(set(settings) - set(REPACK_SETTINGS))
-    if unknown:
-        raise ConfigError(f"repack cannot change {', '.join(unknown)} (only {', '.join(REPACK_SETTINGS)}): "
-                          "pack again from the inputs")
-    config = PackConfig.from_settings({**old["config"], **{k: v for k, v in settings.items() if v is not None}},
-                                      "repack")
+    config = repack_config(old["config"], settings)
     layout = get_layout(layout or old.get("layout") or DEFAULT_LAYOUT)
     target = OutputFolder(output, overwrite)
     if target.final == source or source in target.final.parents:
@@ -64,7 +59,7 @@ def repack(folder: str | os.PathLike, output: str | os.PathLike, *, overwrite: b
     stored = Stored.read(source, old)
     mixture = _mixture(old)
     accepted = _check_cuts(source, old, config, stored, mixture, accept_truncated)
-    engine = make_engine("local", num_proc)
+    engine = make_engine("local", run.num_proc)
     try:
         with target.staging() as tmp, ThreadPoolExecutor(1) as background:
             if layout.name != DEFAULT_LAYOUT:  # as pack: canonical rows first, then exported

@@ -16,12 +16,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .control_text import MODES, ControlText, encode_with_markup, first_tokens
+from .control_text import ControlText, encode_with_markup, first_tokens
 from .errors import ConfigError, PackprepError
 from .layout import IGNORE_INDEX
 from .timelimit import RenderTimeout, time_limit
 from .normalize import Conversation, Rejected
-from .render import TURN_CONTEXTS, Rendered, render_conversation, template_source
+from .render import Rendered, render_conversation, template_source
 from .render_onepass import choose_template
 
 TRAIN_ON = ("assistant", "last", "all")
@@ -115,15 +115,7 @@ class ChatEncoder:
 
     def __init__(self, tokenizer, train_on: str = "assistant", backend: str = "auto", variables: dict | None = None,
                  turn_context: str = "exact", content_special: str = "text", render_timeout: float | None = None):
-        if content_special not in MODES:
-            raise ConfigError(f"--content-special-tokens must be one of {', '.join(MODES)}, not {content_special!r}")
-        if train_on not in TRAIN_ON:
-            raise ConfigError(f"--train-on must be one of {TRAIN_ON}, not {train_on!r}")
-        if turn_context not in TURN_CONTEXTS:
-            raise ConfigError(f"--turn-context must be one of {TURN_CONTEXTS}, not {turn_context!r}")
-        self.turn_context = turn_context
-        if backend not in BACKENDS:
-            raise ConfigError(f"--tokenizer-backend must be one of {BACKENDS}, not {backend!r}")
+        self.turn_context = turn_context  # the options are PackConfig's, checked there (settings.py)
         self.tokenizer = tokenizer
         self.train_on = train_on
         if backend != "hf" and hasattr(tokenizer, "hash_in_background"):

@@ -37,11 +37,12 @@ from typing import Callable, Iterator
 import numpy as np
 import pyarrow as pa
 
-from .errors import ConfigError, InputError, check_range
+from .errors import ConfigError, InputError
 from .layout import (IGNORE_INDEX, ROW_SCHEMA, LayoutError, ShardReader, UnreadableLayoutError, list_column,
                      readable_layout)
 from .normalize import load_schema
 from .read import file_sha256
+from .settings import check_verify
 
 CHECKS = (
     "manifest",
@@ -125,8 +126,7 @@ def verify(folder: str | Path, check_hashes: bool = True, retokenize: int = 0, s
     ``checked``: the manifest's shards already checked, in its order (``pack`` checks the shards it
     wrote, reading them back); only the totals are left.
     """
-    check_range("--retokenize", retokenize, 0, 2**31 - 1)
-    check_range("--seed", seed, 0, 2**32 - 1)
+    check_verify(retokenize, seed)
     folder = Path(folder)
     report = Report()
     manifest = _load_manifest(folder, report)

@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -284,6 +285,38 @@ def test_max_len_below_the_template_overhead(tmp_path):
     out = tmp_path / "out"
     result = invoke("pack", EXAMPLE_CHATS, "-t", TOKENIZER, "-o", out, "--max-len", 4, "--num-proc", 1, "-q")
     assert_config_error(result, tmp_path, out, "--max-len 4", "overhead", "raise --max-len")
+
+
+def test_library_entry_points_refuse_what_the_cli_refuses(tmp_path):
+    """The library checks its arguments where the CLI does (settings.py): the same ConfigError and
+    message from each entry point, before it writes anything."""
+    from packprep.errors import ConfigError
+    from packprep.repack import repack
+
+    packed, out, chats = tmp_path / "packed", tmp_path / "out", str(EXAMPLE_CHATS)
+    packprep.pack(chats, str(packed), TOKENIZER, max_len=MAX_LEN, num_proc=1)
+    mix = tmp_path / "mix.yaml"
+    mix.write_text(f"- path: {chats}\n  format: csv\n")
+    cases = [
+        (partial(packprep.pack, chats, str(out), TOKENIZER, engine="spark"), "--engine must be one of local, ray"),
+        (partial(packprep.pack, chats, str(out), TOKENIZER, num_proc=0), "--num-proc must be between 1 and 4,096, not 0"),
+        (partial(packprep.pack, chats, str(out), TOKENIZER, train_on="all-of-it"),
+         "--train-on must be one of assistant, last, all"),
+        (partial(packprep.pack, [], str(out), TOKENIZER, mix=str(mix)), f"--mix {mix}, source 1: format must be one of sharegpt"),
+        (partial(packprep.stats, chats, TOKENIZER, num_proc=0), "--num-proc must be between 1 and 4,096, not 0"),
+        (partial(packprep.stats, chats, TOKENIZER, epochs=0), "--epochs must be at least 1"),
+        (partial(packprep.stats, chats, TOKENIZER, dp_size=0), "--dp-size and --rows-per-step must be at least 1"),
+        (partial(packprep.stats, str(packed), dp_size=0), "--dp-size and --rows-per-step must be at least 1"),
+        (partial(packprep.verify, str(packed), retokenize=-5), "--retokenize must be between 0 and 2,147,483,647, not -5"),
+        (partial(repack, str(packed), str(out), num_proc=0), "--num-proc must be between 1 and 4,096, not 0"),
+        (partial(repack, str(packed), str(out), strategy="ffd"), "--strategy must be one of greedy, bfd, random"),
+        (partial(repack, str(packed), str(out), train_on="all"), "repack cannot change train_on"),
+    ]
+    for call, message in cases:
+        with pytest.raises(ConfigError) as refused:
+            call()
+        assert message in str(refused.value), (message, str(refused.value))
+        assert not out.exists()
 
 
 @pytest.mark.parametrize("missing", ["does-not-exist.jsonl", "no/such/folder/chats.parquet", "/no/such/file.json"])

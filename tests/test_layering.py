@@ -139,3 +139,27 @@ def test_no_module_name_collides():
     importlib.import_module("packprep.verification")  # a submodule import keeps the function
 
     assert callable(packprep.verify) and packprep.stats.__module__ == "packprep.length_stats"
+
+
+REFUSALS = ("must be one of", "must be between", "must be at least")
+
+
+def _refusals(name: str) -> list[str]:
+    """Where module ``name`` refuses a setting's value itself: a message of :data:`REFUSALS` (in a
+    string or f-string) or a call of ``check_range``."""
+    found = []
+    for node in ast.walk(ast.parse(MODULES[name].read_text())):
+        text = node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else ""
+        called = node.func if isinstance(node, ast.Call) else None
+        if any(words in text for words in REFUSALS) or (
+                called is not None and (getattr(called, "id", None) or getattr(called, "attr", None)) == "check_range"):
+            found.append(f"{name}:{node.lineno}")
+    return found
+
+
+def test_settings_are_checked_in_one_place():
+    """Every setting's allowed choices and range are checked in settings.py alone: a second place that
+    says "must be one of" (or calls check_range) is a second home, and drifts from the first."""
+    assert len(_refusals("packprep.settings")) >= 5  # the scan sees them where they are
+    elsewhere = [where for name in MODULES if name != "packprep.settings" for where in _refusals(name)]
+    assert elsewhere == []

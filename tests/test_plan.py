@@ -8,7 +8,8 @@ import pytest
 import packprep
 from packprep.errors import ConfigError
 from packprep.packing import STRATEGIES, STRATEGY_TABLE, Bins, Strategy, pack_lengths
-from packprep.plan import DROPPED, EMPTIED, TRUNCATED, WHOLE, check_strategy, overlong_fates, plan_bins
+from packprep.plan import DROPPED, EMPTIED, TRUNCATED, WHOLE, overlong_fates, plan_bins
+from packprep.settings import check_strategy
 from packprep.length_stats import what_if
 from packprep.verification import verify
 

@@ -20,8 +20,6 @@ from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any, Callable, Iterable, Iterator, Protocol
 
-from ..errors import ConfigError, check_range
-
 ENGINES = ("local", "ray")
 IN_FLIGHT_PER_WORKER = 4  # tasks submitted and not yet collected, per worker: bounds the driver's memory
 TASKS_PER_WORKER = 4  # a stage whose work splits freely makes about this many tasks a worker: they end together
@@ -50,11 +48,8 @@ class Engine(Protocol):
 
 
 def make_engine(name: str = "local", num_proc: int | None = None, ray_address: str | None = None) -> Engine:
-    """The engine called ``name`` with ``num_proc`` workers (default: every core of this machine)."""
-    if name not in ENGINES:
-        raise ConfigError(f"--engine must be one of {', '.join(ENGINES)}")
-    if num_proc is not None:
-        check_range("--num-proc", num_proc, 1, 4096)
+    """The engine called ``name`` with ``num_proc`` workers (default: every core of this machine); the
+    caller has checked both (``settings.RunOptions``)."""
     num_proc = num_proc or os.cpu_count() or 1
     if name == "ray":
         from .ray_cluster import RayEngine

@@ -43,11 +43,12 @@ from ..ledger import Ledger, top_reasons
 from ..engines import make_engine
 from ..errors import ConfigError
 from ..normalize import CHANGES
+from ..settings import PackConfig, RunOptions, check_batches, check_steps, check_what_if
 from .collect import collect_folder, collect_inputs, distribution, log_histogram, turn_context_costs
 from .mixture import mixture_what_if
 from .plot import plot, require_matplotlib
 from .report import render_text
-from .whatif import DEFAULT_MAX_LENS, DEFAULT_STRATEGIES, check_plan, what_if
+from .whatif import DEFAULT_MAX_LENS, DEFAULT_STRATEGIES, what_if
 
 __all__ = [
     "DEFAULT_MAX_LENS",
@@ -93,8 +94,8 @@ def stats(
     efficiency over that many data-parallel ranks, shuffled and balanced (:func:`what_if`).
     """
     from ..mix import open_inputs
-    from ..pipeline import PackConfig
 
+    run = RunOptions(num_proc=num_proc)
     paths = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
     if len(paths) == 1 and is_packed_folder(paths[0]) and mix is None:
         return stats_folder(paths[0], global_batch_size=global_batch_size, epochs=epochs, dp_size=dp_size,
@@ -102,16 +103,15 @@ def stats(
     if not tokenizer:
         raise ConfigError("--tokenizer is required for input files (only a packed folder, holding "
                           "packprep.json, needs none)")
-    max_lens, strategies = check_plan(DEFAULT_MAX_LENS if max_lens is None else max_lens,
-                                      DEFAULT_STRATEGIES if strategies is None else strategies, global_batch_size,
-                                      epochs, settings.get("overlong", "truncate"), settings.get("samples_per_row"))
-    if dp_size is not None and (dp_size < 1 or rows_per_step < 1):
-        raise ConfigError("--dp-size and --rows-per-step must be at least 1")
+    max_lens, strategies = check_what_if(DEFAULT_MAX_LENS if max_lens is None else max_lens,
+                                         DEFAULT_STRATEGIES if strategies is None else strategies, global_batch_size,
+                                         epochs, settings.get("overlong", "truncate"), settings.get("samples_per_row"))
+    check_steps(dp_size, rows_per_step)
     config = PackConfig.from_settings({**settings, "max_len": max(max_lens)}, "stats")
     sources, mixture = open_inputs([str(path) for path in paths], mix, validation_size)
     encoding = Encoding.open(sources, tokenizer, config, min(max_lens))
     tally = Ledger(config.on_error)
-    engine = make_engine("local", num_proc)
+    engine = make_engine("local", run.num_proc)
     collected = collect_inputs(encoding, tally, max_lens, engine, progress)
     lengths, supervised, turns = collected.lengths, collected.supervised, collected.turns
     plan = dict(overlong=config.overlong, seed=config.seed, samples_per_row=config.samples_per_row,
@@ -187,11 +187,11 @@ def stats_folder(folder: str | os.PathLike, global_batch_size: int = 64, epochs:
     """
     from ..verification import read_manifest
 
+    check_batches(global_batch_size, epochs)
+    check_steps(dp_size, rows_per_step)
     folder = Path(folder)
     manifest = read_manifest(folder)
     max_len = int(manifest["config"]["max_len"])
-    if int(global_batch_size) < 1 or int(epochs) < 1:
-        raise ConfigError("--global-batch-size and --epochs must be at least 1")
     row_lengths, per_row, seq_lengths = collect_folder(folder, manifest)
     rows = int(len(row_lengths))
     tokens = int(row_lengths.sum())
@@ -229,8 +229,6 @@ def stats_folder(folder: str | os.PathLike, global_batch_size: int = 64, epochs:
 def _folder_steps(manifest, seq_lengths, per_row, dp_size, rows_per_step, model_config) -> dict:
     from ..balance import balance_summary
 
-    if dp_size < 1 or rows_per_step < 1:
-        raise ConfigError("--dp-size and --rows-per-step must be at least 1")
     offsets = np.concatenate([[0], np.cumsum(per_row)]).astype(np.int64)
     sampler = (manifest.get("balance") or {}).get("sampler", "distributed")
     cost = model_cost(model_config or manifest["config"].get("model_config"))

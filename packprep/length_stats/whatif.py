@@ -14,31 +14,12 @@ import numpy as np
 
 from ..balance import balance_bins, balance_summary, can_balance
 from ..cost import CostModel, model_cost
-from ..errors import ConfigError
 from ..packing import STRATEGY_TABLE, Bins, order_bins, split_pieces
-from ..plan import TRUNCATED, check_overlong, check_strategy, overlong_fates, plan_bins
+from ..plan import TRUNCATED, overlong_fates, plan_bins
+from ..settings import check_what_if
 
 DEFAULT_MAX_LENS = (1024, 2048, 4096, 8192, 16384)
 DEFAULT_STRATEGIES = ("pad", "random", "greedy")
-
-
-def check_plan(max_lens, strategies, global_batch_size, epochs, overlong, samples_per_row) -> tuple[list, list]:
-    max_lens = sorted({int(m) for m in max_lens})
-    if not max_lens:
-        raise ConfigError("give at least one --max-len")
-    if max_lens[0] < 2:
-        raise ConfigError("--max-len must be at least 2")
-    strategies = list(dict.fromkeys(strategies))
-    if not strategies:
-        raise ConfigError("give at least one strategy")
-    for strategy in strategies:
-        check_strategy(strategy, samples_per_row)
-    if int(global_batch_size) < 1:
-        raise ConfigError("--global-batch-size must be at least 1")
-    if int(epochs) < 1:
-        raise ConfigError("--epochs must be at least 1")
-    check_overlong(overlong)
-    return max_lens, strategies
 
 
 def what_if(
@@ -91,7 +72,7 @@ def what_if(
     and ``attention_share`` (the cost model's share of attention in these rows).
     """
     lengths, supervised = _as_arrays(lengths, supervised)
-    max_lens, strategies = check_plan(max_lens, strategies, global_batch_size, epochs, overlong, samples_per_row)
+    max_lens, strategies = check_what_if(max_lens, strategies, global_batch_size, epochs, overlong, samples_per_row)
     global_batch_size, epochs = int(global_batch_size), int(epochs)
     cost = cost or model_cost()
     table = []
