@@ -363,7 +363,7 @@ def repack(folder, output, num_proc, overwrite, quiet, layout, accept_truncated,
       packprep repack packed/ -o packed-bfd/ --strategy bfd --seed 1 --row-order input
       packprep repack packed/ -o packed-trl/ --layout trl
     """
-    from .repack import repack as repack_
+    from .pipeline import repack as repack_
 
     manifest = repack_(folder, output, overwrite=overwrite, num_proc=num_proc, progress=not quiet, layout=layout,
                        accept_truncated=accept_truncated, **settings)

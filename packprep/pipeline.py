@@ -12,6 +12,7 @@ import shutil
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, fields
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 
@@ -25,21 +26,23 @@ from .encode import FATES, PACKED, REJECTED, SPLIT, Encoding
 from .ledger import Ledger, top_reasons
 from .engines import Engine, LocalEngine, make_engine, runs_per_item
 from .errors import ConfigError, InputError, check_range
-from .layout import DEFAULT_LAYOUT, FILES, get_layout
+from .layout import DEFAULT_LAYOUT, FILES, get_layout, readable_layout
 from .materialize import PackSink, Segments, TokenStore
 from .normalize import CHANGES, CONSECUTIVE, FORMATS, LEADING, SYSTEM
 from .render import TURN_CONTEXTS
 from .packing import ROW_ORDERS, STRATEGY_TABLE, Bins, lower_bound, order_bins
 from .plan import check_overlong, check_strategy, plan_bins
 from .progress import Progress
-from .mix import UNSAMPLED, Mixture, input_starts, open_inputs, plan_rounds
+from .mix import UNSAMPLED, Mixture, Selection, input_starts, open_inputs, plan_rounds
 from .json_scan import scan_json_chunk
 from .parts import Part, PartPlan
 from .read import Source, file_sha256
+from .repack import (StoredShards, Stored, check_cuts, check_target, folder_mixture, place, read_lengths, rebuild_ledger,
+                     repack_settings, repacked_from, write_tokens)
 from .split import membership
 from .template_inputs import DEFAULT_DATE, check_date, check_template_args
 from .tokenization import BACKENDS, TRAIN_ON, tokenizer_fingerprint
-from .verification import Report, ShardCheck, ShardContext, check_part, check_tasks, join_checks, verify
+from .verification import Report, read_manifest, ShardCheck, ShardContext, check_part, check_tasks, join_checks, verify
 from .write import (SHARD_FORMATS, OutputFolder, finish_shards, join_shard, parse_size, prepare_shards, shard_pieces,
                     write_piece, writers)
 
@@ -199,6 +202,60 @@ def pack(
         return _pack_into(folder, encoding, config, layout, runner, progress, mixture)
     finally:
         runner.close()
+
+
+def repack(folder, output, *, overwrite: bool = False, num_proc: int | None = None, progress: bool = False,
+           layout: str | None = None, accept_truncated: bool = False, **settings) -> dict:
+    """Pack the sequences stored in the packed ``folder`` into ``output`` with ``settings`` changed
+    (``max_len``, ``strategy``, ``seed``, ``row_order``, ``samples_per_row``; None keeps the folder's);
+    return the new manifest. ``layout``: None keeps the folder's. ``accept_truncated``: pack sequences
+    cut at the old ``max_len`` as they are stored. No tokenizer, no inputs (``packprep.repack``): both
+    passes over the stored shards run on ``num_proc`` local workers (default: all cores), then
+    ``pack``'s own last step, so that the output is ``pack``'s, byte for byte."""
+    source = Path(folder).absolute()
+    old = read_manifest(source)
+    readable_layout(old.get("layout"), where=f"{source}: ")
+    config = PackConfig.from_settings(repack_settings(old, settings), "repack")
+    layout = get_layout(layout or old.get("layout") or DEFAULT_LAYOUT)
+    target = OutputFolder(output, overwrite)
+    check_target(source, target)
+    engine = make_engine("local", num_proc)
+    try:
+        shards = StoredShards.open(source, old, config)
+        runs = runs_per_item(len(shards.paths), engine.workers)
+        tasks = shards.tasks(runs)
+        with Progress(progress, len(tasks), "read lengths", "tasks") as bar:
+            stored = Stored.join(shards, _counted(engine.map(read_lengths, shards, tasks), bar))
+        mixture = folder_mixture(old)
+        accepted = check_cuts(source, old, config, stored, mixture, accept_truncated)
+        with target.staging() as tmp, ThreadPoolExecutor(1) as background:
+            if layout.name != DEFAULT_LAYOUT:  # as pack: canonical rows first, then exported
+                tmp = tmp / ".canonical"
+                (tmp / "data").mkdir(parents=True)
+            fates = stored.fates(config)
+            (tmp / "token-cache").mkdir()
+            placement, store = place(tmp / "token-cache", shards, stored, fates, config.max_len, old["counts"]["records"])
+            tasks = placement.tasks(runs)
+            with Progress(progress, len(tasks), "read tokens", "tasks") as bar:
+                for tokens in engine.map(write_tokens, placement, tasks):
+                    bar.update(1, tokens)
+            del placement
+            ledger = rebuild_ledger(tmp, source, old, config, stored, fates)
+            if mixture is not None:
+                mixture.selection = Selection.from_copies(stored.copies, stored.held)
+            described = {"inputs": old["inputs"], "tokenizer": old["tokenizer"]}
+            manifest = write_output(tmp, store, ledger, config, engine, progress, background, lambda: described,
+                                    mixture, repacked_from(source, old) if accepted else None)
+            return publish(target, tmp, manifest, layout)
+    finally:
+        engine.close()
+
+
+def _counted(results, bar: Progress):
+    """``results``, each counted on ``bar`` as it comes."""
+    for result in results:
+        bar.update(1)
+        yield result
 
 
 def _pack_into(folder: OutputFolder, encoding: Encoding, config: PackConfig, layout, engine: Engine,
