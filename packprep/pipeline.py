@@ -24,7 +24,7 @@ from .control_text import MODES as CONTENT_SPECIAL
 from .cost import model_cost
 from .encode import FATES, PACKED, REJECTED, SPLIT, Encoding
 from .ledger import Ledger, top_reasons
-from .engines import Engine, LocalEngine, make_engine, runs_per_item
+from .engines import TASKS_PER_WORKER, Engine, LocalEngine, make_engine, runs_per_item
 from .errors import ConfigError, InputError, check_range
 from .layout import DEFAULT_LAYOUT, FILES, get_layout, readable_layout
 from .materialize import PackSink, Segments, TokenStore
@@ -234,7 +234,8 @@ def repack(folder, output, *, overwrite: bool = False, num_proc: int | None = No
                 (tmp / "data").mkdir(parents=True)
             fates = stored.fates(config)
             (tmp / "token-cache").mkdir()
-            placement, store = place(tmp / "token-cache", shards, stored, fates, config.max_len, old["counts"]["records"])
+            placement, store = place(tmp / "token-cache", shards, stored, fates, config.max_len,
+                                     old["counts"]["records"], TASKS_PER_WORKER * engine.workers)
             tasks = placement.tasks(runs)
             with Progress(progress, len(tasks), "read tokens", "tasks") as bar:
                 for tokens in engine.map(write_tokens, placement, tasks):

@@ -37,7 +37,7 @@ from .plan import DROPPED, EMPTIED, TRUNCATED as CUT, overlong_fates
 from .write import OutputFolder
 
 REPACK_SETTINGS = ("max_len", "strategy", "seed", "row_order", "samples_per_row")
-TOKEN_COLUMNS = ("ids", "labels")  # the token files' columns, as the shards name them: input_ids, labels
+TOKEN_COLUMNS = ("ids", "labels")  # the token store's two files (materialize.spill_path)
 
 
 def repack_settings(manifest: dict, settings: dict) -> dict:
@@ -173,16 +173,18 @@ def kept(fates: np.ndarray) -> np.ndarray:
 
 @dataclass
 class Placement:
-    """Where pass 2 writes the kept records' tokens: the token files ``paths`` (sized by :func:`place`);
-    for each kept record, in (unit, first token) order, the order the shards hold them: its unit, its
-    first token there, its length (cut to the new ``--max-len`` where truncated) and its first token
-    in the token files (input order, as ``pack`` spills them)."""
+    """Where pass 2 writes the kept records' tokens: the token store's files under ``cache`` (created
+    at their full size by :func:`place`); for each kept record, in (unit, first token) order, the
+    order the shards hold them: its unit, its first token there, its length (cut to the new
+    ``--max-len`` where truncated), and its part of the store and first token in that part's files
+    (input order, as ``pack`` spills them)."""
 
     shards: StoredShards
-    paths: list[Path]
+    cache: Path
     unit: np.ndarray  # int64, ascending
     first: np.ndarray  # int64
     length: np.ndarray  # int64
+    part: np.ndarray  # int64
     at: np.ndarray  # int64
 
     def tasks(self, runs: int) -> list[tuple[int, int, int, int]]:
@@ -190,45 +192,55 @@ class Placement:
         return self.shards.tasks(runs, self.unit)
 
 
-def place(cache: Path, shards: StoredShards, stored: Stored, fates: np.ndarray, max_len: int,
-          records: int) -> tuple[Placement, TokenStore]:
-    """The kept records' places, and the token store of ``records`` input records they make, its two
-    token files created at their full size (pass 2 fills them)."""
+def place(cache: Path, shards: StoredShards, stored: Stored, fates: np.ndarray, max_len: int, records: int,
+          parts: int) -> tuple[Placement, TokenStore]:
+    """The kept records' places, and the token store of ``records`` input records they make: the
+    records in input order, cut into about ``parts`` parts of about equal tokens, each part's two
+    files created at their full size (pass 2 fills them). Parts, as ``pack``'s encode workers spill
+    them: the workers of pass 2 write into many files, not all into one (a file takes one write at
+    a time)."""
     items = np.flatnonzero(kept(fates))
     lengths = np.where(fates[items] == CUT, max_len, stored.lengths[items])
     at = np.zeros(len(items), np.int64)
     np.cumsum(lengths[:-1], out=at[1:])
-    paths = [spill_path(cache, 0, column) for column in TOKEN_COLUMNS]
-    for path in paths:
-        with open(path, "wb") as handle:
-            handle.truncate(int(lengths.sum()) * 4)
+    part = np.unique(at * parts // max(1, int(lengths.sum())), return_inverse=True)[1].astype(np.int64)
+    starts = np.concatenate([[0], np.flatnonzero(np.diff(part)) + 1]).astype(np.int64)
+    spills = []
+    for number, (lo, hi) in enumerate(zip(starts.tolist(), [*starts[1:].tolist(), len(items)])):
+        for column in TOKEN_COLUMNS:
+            with open(spill_path(cache, number, column), "wb") as handle:
+                handle.truncate(int(lengths[lo:hi].sum()) * 4)
+        spills.append(Spilled(lengths[lo:hi].astype(np.int32)))
     absent = np.setdiff1d(np.arange(records, dtype=np.int64), stored.records[items])
-    store = TokenStore.from_spills(cache, [Spilled(lengths.astype(np.int32))], absent)
+    store = TokenStore.from_spills(cache, spills, absent)
+    at -= at[starts][part]
     order = np.lexsort((stored.first_token[items], stored.unit[items]))
-    placement = Placement(shards, paths, stored.unit[items[order]], stored.first_token[items[order]],
-                          lengths[order], at[order])
+    placement = Placement(shards, cache, stored.unit[items[order]], stored.first_token[items[order]],
+                          lengths[order], part[order], at[order])
     return placement, store
 
 
 def write_tokens(placement: Placement, task: tuple[int, int, int, int]) -> int:
     """Pass 2, one task's row groups: the tokens and labels of the records placed there, each written
-    at its place in the token files; returns the tokens written."""
+    at its place in its part's token files; returns the tokens written."""
     shard, first, end, unit = task
     task_lo, task_hi = np.searchsorted(placement.unit, [unit, unit + end - first])
-    groups = np.unique(placement.unit[task_lo:task_hi]) - unit + first
-    files = [os.open(path, os.O_WRONLY) for path in placement.paths]
+    groups = (np.unique(placement.unit[task_lo:task_hi]) - unit + first).tolist()
+    files: dict[tuple[int, str], int] = {}
     try:
-        for group, table in zip(groups.tolist(), placement.shards.reader(shard).tables(
-                ["input_ids", "labels"], threads=False, groups=groups.tolist())):
+        tables = placement.shards.reader(shard).tables(["input_ids", "labels"], threads=False, groups=groups)
+        for group, table in zip(groups, tables):
             columns = [np.ascontiguousarray(list_column(table, name)[0], np.int32) for name in ("input_ids", "labels")]
             lo, hi = np.searchsorted(placement.unit, [unit + group - first, unit + group - first + 1])
-            for start, length, at in zip(placement.first[lo:hi].tolist(), placement.length[lo:hi].tolist(),
-                                         placement.at[lo:hi].tolist()):
-                for fd, values in zip(files, columns):
-                    if os.pwrite(fd, values[start : start + length], at * 4) != length * 4:
-                        raise OSError(f"short write to the token cache {placement.paths[files.index(fd)]}")
+            records = zip(*(a[lo:hi].tolist() for a in (placement.first, placement.length, placement.part, placement.at)))
+            for start, length, part, at in records:
+                for column, values in zip(TOKEN_COLUMNS, columns):
+                    if (part, column) not in files:
+                        files[part, column] = os.open(spill_path(placement.cache, part, column), os.O_WRONLY)
+                    if os.pwrite(files[part, column], values[start : start + length], at * 4) != length * 4:
+                        raise OSError(f"short write to the token cache {spill_path(placement.cache, part, column)}")
     finally:
-        for fd in files:
+        for fd in files.values():
             os.close(fd)
     return int(placement.length[task_lo:task_hi].sum())
 
