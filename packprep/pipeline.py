@@ -1,7 +1,8 @@
 """The whole job, as one library call: read → normalize → tokenize → pack → materialize → write.
 
 ``packprep.pack(...)`` is what the CLI runs and what a notebook calls. It returns the manifest
-(the dict written to ``packprep.json``).
+(the dict written to ``packprep.json``). :func:`repack` packs a packed folder's stored sequences
+again (its step: ``repack.py``). This is the one module that runs the steps' stages on an engine.
 """
 
 from __future__ import annotations
@@ -209,8 +210,8 @@ def repack(folder, output, *, overwrite: bool = False, num_proc: int | None = No
     """Pack the sequences stored in the packed ``folder`` into ``output`` with ``settings`` changed
     (``max_len``, ``strategy``, ``seed``, ``row_order``, ``samples_per_row``; None keeps the folder's);
     return the new manifest. ``layout``: None keeps the folder's. ``accept_truncated``: pack sequences
-    cut at the old ``max_len`` as they are stored. No tokenizer, no inputs (``packprep.repack``): both
-    passes over the stored shards run on ``num_proc`` local workers (default: all cores), then
+    cut at the old ``max_len`` as they are stored. No tokenizer, no inputs (``packprep/repack.py``):
+    both passes over the stored shards run on ``num_proc`` local workers (default: all cores), then
     ``pack``'s own last step, so that the output is ``pack``'s, byte for byte."""
     source = Path(folder).absolute()
     old = read_manifest(source)
@@ -240,7 +241,7 @@ def repack(folder, output, *, overwrite: bool = False, num_proc: int | None = No
             with Progress(progress, len(tasks), "read tokens", "tasks") as bar:
                 for tokens in engine.map(write_tokens, placement, tasks):
                     bar.update(1, tokens)
-            del placement
+            del placement  # its arrays, before pack's stages
             ledger = rebuild_ledger(tmp, source, old, config, stored, fates)
             if mixture is not None:
                 mixture.selection = Selection.from_copies(stored.copies, stored.held)
