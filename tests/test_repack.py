@@ -58,12 +58,12 @@ def test_repack_equals_pack_byte_for_byte(base, tmp_path, strategy, max_len):
 
 
 @needs_fixtures
-@pytest.mark.parametrize("overlong", ["truncate", "drop"])
-def test_repack_on_several_workers_equals_pack(tmp_path, overlong):
-    """Both passes over the stored shards run on the workers, a run of row groups a task, each task
-    writing its records' tokens into its own byte ranges of the token files: with many shards (many
-    tasks), two workers, and records cut or dropped at the new length, still pack's bytes."""
-    common = dict(overlong=overlong, shard_size="40KB", num_proc=2)
+@pytest.mark.parametrize("overlong, shard_format", [("truncate", "parquet"), ("drop", "arrow")])
+def test_repack_on_several_workers_equals_pack(tmp_path, overlong, shard_format):
+    """Both passes over the stored shards run on the workers, a run of row groups (record batches) a
+    task, each task writing its records' tokens into its own byte ranges of the token files: with many
+    shards (many tasks), two workers, and records cut or dropped at the new length, still pack's bytes."""
+    common = dict(overlong=overlong, shard_format=shard_format, shard_size="40KB", num_proc=2)
     old = packprep.pack(INPUTS, str(tmp_path / "old"), TOKENIZER, max_len=BASE_LEN, **common)
     assert len(old["shards"]) >= 8
     packed = packprep.pack(INPUTS, str(tmp_path / "packed"), TOKENIZER, max_len=1024, strategy="bfd", **common)
