@@ -38,8 +38,8 @@ from .mix import UNSAMPLED, Mixture, Selection, input_starts, open_inputs, plan_
 from .json_scan import scan_json_chunk
 from .parts import Part, PartPlan
 from .read import Source, file_sha256
-from .repack import (StoredShards, Stored, check_cuts, check_target, folder_mixture, place, read_lengths, rebuild_ledger,
-                     repack_settings, repacked_from, write_tokens)
+from .repack import (Stored, StoredShards, check_cuts, check_target, folder_mixture, place, read_lengths,
+                     rebuild_ledger, repack_settings, repacked_from, write_tokens)
 from .split import membership
 from .template_inputs import DEFAULT_DATE, check_date, check_template_args
 from .tokenization import BACKENDS, TRAIN_ON, tokenizer_fingerprint

@@ -113,7 +113,8 @@ def read_lengths(shards: StoredShards, task: tuple[int, int, int, int]) -> dict[
     (position 0 not counted; 1 elsewhere)."""
     shard, first, end, unit = task
     reader, found = shards.reader(shard), {name: [] for name in ("records", "lengths", "unit", "first", "within")}
-    for number, table in enumerate(reader.tables(["seq_lens", "source_index"], threads=False, groups=range(first, end))):
+    tables = reader.tables(["seq_lens", "source_index"], threads=False, groups=range(first, end))
+    for number, table in enumerate(tables):
         lengths = list_column(table, "seq_lens")[0].astype(np.int64)
         starts = np.cumsum(lengths) - lengths
         within = np.ones(len(lengths), np.int32)
@@ -232,7 +233,8 @@ def write_tokens(placement: Placement, task: tuple[int, int, int, int]) -> int:
         for group, table in zip(groups, tables):
             columns = [np.ascontiguousarray(list_column(table, name)[0], np.int32) for name in ("input_ids", "labels")]
             lo, hi = np.searchsorted(placement.unit, [unit + group - first, unit + group - first + 1])
-            records = zip(*(a[lo:hi].tolist() for a in (placement.first, placement.length, placement.part, placement.at)))
+            places = (placement.first, placement.length, placement.part, placement.at)
+            records = zip(*(a[lo:hi].tolist() for a in places))
             for start, length, part, at in records:
                 for column, values in zip(TOKEN_COLUMNS, columns):
                     if (part, column) not in files:
