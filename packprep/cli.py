@@ -345,7 +345,7 @@ def verify(folder, retokenize, seed, num_proc, as_json):
 @click.option("--accept-truncated", is_flag=True,
               help="Where FOLDER truncated (or dropped) sequences at its --max-len and the new one is longer, "
               "repack them as stored, cut, instead of refusing; the manifest says so (repacked_from).")
-@click.option("--num-proc", default=None, type=int, help="Writer processes [default: all cores].")
+@click.option("--num-proc", default=None, type=int, help="Processes that read FOLDER's shards and write the new ones [default: all cores].")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output folder.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
 def repack(folder, output, num_proc, overwrite, quiet, layout, accept_truncated, **settings):
@@ -364,7 +364,7 @@ def repack(folder, output, num_proc, overwrite, quiet, layout, accept_truncated,
       packprep repack packed/ -o packed-bfd/ --strategy bfd --seed 1 --row-order input
       packprep repack packed/ -o packed-trl/ --layout trl
     """
-    from .repack import repack as repack_
+    from .pipeline import repack as repack_
 
     manifest = repack_(folder, output, overwrite=overwrite, num_proc=num_proc, progress=not quiet, layout=layout,
                        accept_truncated=accept_truncated, **settings)

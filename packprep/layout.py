@@ -195,10 +195,10 @@ class ShardReader:
         return [wanted.get(c, c) for c in columns]
 
     def tables(self, columns: Sequence[str] | None = None, threads: bool = True,
-               groups: range | None = None) -> Iterator["pa.Table"]:
+               groups: Sequence[int] | None = None) -> Iterator["pa.Table"]:
         """The rows one row group (Parquet) or record batch (Arrow) at a time: bounded memory.
         ``threads``: decode a row group's columns on Arrow's thread pool (one thread a core).
-        ``groups``: only these row groups (record batches)."""
+        ``groups``: only these row groups (record batches), ascending."""
         import pyarrow as pa
 
         stored = self._select(columns)

@@ -1,7 +1,8 @@
 """The whole job, as one library call: read → normalize → tokenize → pack → materialize → write.
 
 ``packprep.pack(...)`` is what the CLI runs and what a notebook calls. It returns the manifest
-(the dict written to ``packprep.json``).
+(the dict written to ``packprep.json``). :func:`repack` packs a packed folder's stored sequences
+again (its step: ``repack.py``). This is the one module that runs the steps' stages on an engine.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import shutil
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 
@@ -21,22 +23,24 @@ from .card import length_histograms, render_card
 from .cost import model_cost
 from .encode import FATES, PACKED, REJECTED, SPLIT, Encoding
 from .ledger import Ledger, top_reasons
-from .engines import Engine, LocalEngine, make_engine, runs_per_item
+from .engines import TASKS_PER_WORKER, Engine, LocalEngine, make_engine, runs_per_item
 from .errors import ConfigError, InputError
-from .layout import DEFAULT_LAYOUT, FILES, get_layout
+from .layout import DEFAULT_LAYOUT, FILES, get_layout, readable_layout
 from .materialize import PackSink, Segments, TokenStore
 from .normalize import CHANGES
 from .packing import STRATEGY_TABLE, Bins, lower_bound, order_bins
 from .plan import plan_bins
 from .progress import Progress
-from .mix import UNSAMPLED, Mixture, input_starts, open_inputs, plan_rounds
+from .mix import UNSAMPLED, Mixture, Selection, input_starts, open_inputs, plan_rounds
 from .json_scan import scan_json_chunk
 from .parts import Part, PartPlan
 from .read import Source, file_sha256
-from .settings import PackConfig, RunOptions  # PackConfig also as packprep.pipeline.PackConfig, as before
+from .settings import PackConfig, RunOptions, repack_config  # PackConfig also as packprep.pipeline.PackConfig, as before
+from .repack import (Stored, StoredShards, check_cuts, check_target, folder_mixture, place, read_lengths,
+                     rebuild_ledger, repacked_from, write_tokens)
 from .split import membership
 from .tokenization import tokenizer_fingerprint
-from .verification import Report, ShardCheck, ShardContext, check_part, check_tasks, join_checks, verify
+from .verification import Report, read_manifest, ShardCheck, ShardContext, check_part, check_tasks, join_checks, verify
 from .write import (OutputFolder, finish_shards, join_shard, parse_size, prepare_shards, shard_pieces, write_piece,
                     writers)
 
@@ -83,6 +87,62 @@ def pack(
         return _pack_into(folder, encoding, config, layout, runner, progress, mixture)
     finally:
         runner.close()
+
+
+def repack(folder, output, *, overwrite: bool = False, num_proc: int | None = None, progress: bool = False,
+           layout: str | None = None, accept_truncated: bool = False, **settings) -> dict:
+    """Pack the sequences stored in the packed ``folder`` into ``output`` with ``settings`` changed
+    (``max_len``, ``strategy``, ``seed``, ``row_order``, ``samples_per_row``; None keeps the folder's);
+    return the new manifest. ``layout``: None keeps the folder's. ``accept_truncated``: pack sequences
+    cut at the old ``max_len`` as they are stored. No tokenizer, no inputs (``packprep/repack.py``):
+    both passes over the stored shards run on ``num_proc`` local workers (default: all cores), then
+    ``pack``'s own last step, so that the output is ``pack``'s, byte for byte."""
+    run = RunOptions(num_proc=num_proc)
+    source = Path(folder).absolute()
+    old = read_manifest(source)
+    readable_layout(old.get("layout"), where=f"{source}: ")
+    config = repack_config(old["config"], settings)
+    layout = get_layout(layout or old.get("layout") or DEFAULT_LAYOUT)
+    target = OutputFolder(output, overwrite)
+    check_target(source, target)
+    engine = make_engine("local", run.num_proc)
+    try:
+        shards = StoredShards.open(source, old, config)
+        runs = runs_per_item(len(shards.paths), engine.workers)
+        tasks = shards.tasks(runs)
+        with Progress(progress, len(tasks), "read lengths", "tasks") as bar:
+            stored = Stored.join(shards, _counted(engine.map(read_lengths, shards, tasks), bar))
+        mixture = folder_mixture(old)
+        accepted = check_cuts(source, old, config, stored, mixture, accept_truncated)
+        with target.staging() as tmp, ThreadPoolExecutor(1) as background:
+            if layout.name != DEFAULT_LAYOUT:  # as pack: canonical rows first, then exported
+                tmp = tmp / ".canonical"
+                (tmp / "data").mkdir(parents=True)
+            fates = stored.fates(config)
+            (tmp / "token-cache").mkdir()
+            placement, store = place(tmp / "token-cache", shards, stored, fates, config.max_len,
+                                     old["counts"]["records"], TASKS_PER_WORKER * engine.workers)
+            tasks = placement.tasks(runs)
+            with Progress(progress, len(tasks), "read tokens", "tasks") as bar:
+                for tokens in engine.map(write_tokens, placement, tasks):
+                    bar.update(1, tokens)
+            del placement  # its arrays, before pack's stages
+            ledger = rebuild_ledger(tmp, source, old, config, stored, fates)
+            if mixture is not None:
+                mixture.selection = Selection.from_copies(stored.copies, stored.held)
+            described = {"inputs": old["inputs"], "tokenizer": old["tokenizer"]}
+            manifest = write_output(tmp, store, ledger, config, engine, progress, background, lambda: described,
+                                    mixture, repacked_from(source, old) if accepted else None)
+            return publish(target, tmp, manifest, layout)
+    finally:
+        engine.close()
+
+
+def _counted(results, bar: Progress):
+    """``results``, each counted on ``bar`` as it comes."""
+    for result in results:
+        bar.update(1)
+        yield result
 
 
 def _pack_into(folder: OutputFolder, encoding: Encoding, config: PackConfig, layout, engine: Engine,

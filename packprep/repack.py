@@ -1,10 +1,15 @@
 """``packprep repack DIR -o OUT``: pack the sequences a packed folder stores again, with another
 ``--max-len``, strategy, seed, row order or layout; no tokenizer, no input files.
 
+The step's planners and the functions its workers run (``pipeline.repack`` runs them on an engine).
 The folder's rows are read back into the token store ``pack`` would have made (each input record's
-sequence once, in input order: pass 1 reads ``seq_lens`` and ``source_index`` only, pass 2 writes
-each record's tokens into place, a row group at a time), its ledger is rebuilt from the manifest and
-``rejects.jsonl``, and both go through ``pack``'s own last step (``pipeline.write_output``): so the
+sequence once, in input order): pass 1 (:func:`read_lengths`, a run of row groups a task) reads
+``seq_lens`` and ``source_index``, and the labels of the sequences longer than the new ``--max-len``
+(whether truncation leaves any trained); the driver then decides each record's fate and place
+(:class:`Placement`), and pass 2 (:func:`write_tokens`, a run of row groups a task) writes each kept
+record's tokens, cut where the new length cuts them, at its place in the token files the driver
+sized: disjoint byte ranges, so the tasks run side by side. The ledger is rebuilt from the manifest
+and ``rejects.jsonl``; both go through ``pack``'s own last step (``pipeline.write_output``), so the
 output is byte for byte what ``pack`` writes with those settings, wherever no sequence was cut.
 What was cut is not stored: a sequence truncated, or a record dropped, at the old ``--max-len`` is
 refused at a longer one (``accept_truncated`` packs them as stored, and says so), and pieces of
@@ -17,108 +22,221 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from .encode import PACKED, REJECTED, TRUNCATED
-from .ledger import Ledger
-from .engines import make_engine
 from .errors import ConfigError
-from .layout import DEFAULT_LAYOUT, ShardReader, get_layout, list_column, readable_layout
+from .layout import IGNORE_INDEX, ShardReader, list_column
+from .ledger import Ledger
 from .materialize import Spilled, TokenStore, spill_path
-from .mix import UNSAMPLED, MixSource, Mixture, Selection
+from .mix import UNSAMPLED, MixSource, Mixture
 from .plan import DROPPED, EMPTIED, TRUNCATED as CUT, overlong_fates
-from .settings import RunOptions, repack_config
-from .tokenization import IGNORE_INDEX
 from .write import OutputFolder
 
+TOKEN_COLUMNS = ("ids", "labels")  # the token store's two files (materialize.spill_path)
 
-def repack(folder: str | os.PathLike, output: str | os.PathLike, *, overwrite: bool = False,
-           num_proc: int | None = None, progress: bool = False, layout: str | None = None,
-           accept_truncated: bool = False, **settings) -> dict:
-    """Pack the sequences stored in ``folder`` into ``output`` with ``settings`` changed (``max_len``,
-    ``strategy``, ``seed``, ``row_order``, ``samples_per_row``; None keeps the folder's); return the
-    new manifest. ``layout``: None keeps the folder's. ``accept_truncated``: pack sequences cut at the old
-    ``max_len`` as they are stored."""
-    from .pipeline import publish, write_output
-    from .verification import read_manifest
 
-    run = RunOptions(num_proc=num_proc)
-    source = Path(folder).absolute()
-    old = read_manifest(source)
-    readable_layout(old.get("layout"), where=f"{source}: ")
-    config = repack_config(old["config"], settings)
-    layout = get_layout(layout or old.get("layout") or DEFAULT_LAYOUT)
-    target = OutputFolder(output, overwrite)
-    if target.final == source or source in target.final.parents:
-        raise ConfigError(f"{output} is {folder} or inside it; choose another output folder")
+def check_target(folder: Path, target: OutputFolder) -> None:
+    """Refuse an output folder that is the folder read, or inside it."""
+    if target.final == folder or folder in target.final.parents:
+        raise ConfigError(f"{target.final} is {folder} or inside it; choose another output folder")
     target.check()
-    stored = Stored.read(source, old)
-    mixture = _mixture(old)
-    accepted = _check_cuts(source, old, config, stored, mixture, accept_truncated)
-    engine = make_engine("local", run.num_proc)
-    try:
-        with target.staging() as tmp, ThreadPoolExecutor(1) as background:
-            if layout.name != DEFAULT_LAYOUT:  # as pack: canonical rows first, then exported
-                tmp = tmp / ".canonical"
-                (tmp / "data").mkdir(parents=True)
-            store, ledger = _rebuild(tmp, source, old, config, stored)
-            if mixture is not None:
-                mixture.selection = Selection.from_copies(stored.copies, stored.held)
-            described = {"inputs": old["inputs"], "tokenizer": old["tokenizer"]}
-            # cut sequences taken as stored are no longer what pack would write: the manifest says so
-            said = {"repacked_from": {"path": str(source), "max_len": old["config"]["max_len"],
-                                      "truncated_as_stored": old["counts"]["truncated"],
-                                      "dropped_as_stored": old["counts"]["rejected_by_reason"].get("overlong", 0)}}
-            manifest = write_output(tmp, store, ledger, config, engine, progress, background, lambda: described,
-                                    mixture, said if accepted else None)
-            return publish(target, tmp, manifest, layout)
-    finally:
-        engine.close()
+
+
+def repacked_from(folder: Path, manifest: dict) -> dict:
+    """The manifest key that says cut sequences were taken as stored: no longer what pack would write."""
+    counts = manifest["counts"]
+    return {"repacked_from": {"path": str(folder), "max_len": manifest["config"]["max_len"],
+                              "truncated_as_stored": counts["truncated"],
+                              "dropped_as_stored": counts["rejected_by_reason"].get("overlong", 0)}}
+
+
+@dataclass
+class StoredShards:
+    """The folder's shards (train then validation, in manifest order) as the tasks of both passes
+    read them: a task is ``(shard, first row group, end row group, unit of the first)``, a unit being
+    a row group's number over all shards. ``max_len``: pass 1 counts the supervised tokens within it
+    of the sequences longer (``--overlong truncate`` only; None: it does not)."""
+
+    folder: Path
+    layout: str | None
+    paths: list[str]
+    groups: list[int]  # row groups of each shard
+    train: int  # the shards of the train split: the first ones
+    max_len: int | None
+
+    @classmethod
+    def open(cls, folder: Path, manifest: dict, config) -> "StoredShards":
+        validation = (manifest.get("validation") or {}).get("shards", [])
+        paths = [s["path"] for s in manifest["shards"]] + [s["path"] for s in validation]
+        groups = [ShardReader(folder / path, manifest.get("layout")).num_groups for path in paths]
+        return cls(folder, manifest.get("layout"), paths, groups, len(manifest["shards"]),
+                   config.max_len if config.overlong == "truncate" else None)
+
+    def units(self, shard: int) -> int:
+        """The unit of the shard's first row group."""
+        return sum(self.groups[:shard])
+
+    def tasks(self, runs: int, wanted: np.ndarray | None = None) -> list[tuple[int, int, int, int]]:
+        """Each shard's row groups in at most ``runs`` runs of consecutive groups, a task each;
+        ``wanted``: the sorted units a task must hold one of (None: every one)."""
+        tasks = []
+        for shard, groups in enumerate(self.groups):
+            step, base = -(-groups // max(1, min(groups, runs))), self.units(shard)
+            for first in range(0, groups, step):
+                end = min(groups, first + step)
+                if wanted is None or np.searchsorted(wanted, base + first) < np.searchsorted(wanted, base + end):
+                    tasks.append((shard, first, end, base + first))
+        return tasks
+
+    def reader(self, shard: int) -> ShardReader:
+        return ShardReader(self.folder / self.paths[shard], self.layout)
+
+
+def read_lengths(shards: StoredShards, task: tuple[int, int, int, int]) -> dict[str, np.ndarray]:
+    """Pass 1, one task's row groups: each stored sequence's record, length, unit, first token within
+    its unit's row group and, where longer than ``shards.max_len``, its supervised tokens within it
+    (position 0 not counted; 1 elsewhere)."""
+    shard, first, end, unit = task
+    reader, found = shards.reader(shard), {name: [] for name in ("records", "lengths", "unit", "first", "within")}
+    tables = reader.tables(["seq_lens", "source_index"], threads=False, groups=range(first, end))
+    for number, table in enumerate(tables):
+        lengths = list_column(table, "seq_lens")[0].astype(np.int64)
+        starts = np.cumsum(lengths) - lengths
+        within = np.ones(len(lengths), np.int32)
+        over = np.flatnonzero(lengths > shards.max_len) if shards.max_len is not None else []
+        if len(over):  # the labels of this row group, for the sequences truncation cuts
+            group = first + number
+            labels = list_column(next(reader.tables(["labels"], threads=False, groups=[group])), "labels")[0]
+            for item in over.tolist():
+                start = int(starts[item])
+                within[item] = int((labels[start + 1 : start + shards.max_len] != IGNORE_INDEX).sum())
+        found["records"].append(list_column(table, "source_index")[0].astype(np.int64))
+        found["lengths"].append(lengths)
+        found["unit"].append(np.full(len(lengths), unit + number, np.int64))
+        found["first"].append(starts)
+        found["within"].append(within)
+    return {name: np.concatenate(parts) if parts else np.zeros(0, np.int64) for name, parts in found.items()}
 
 
 @dataclass
 class Stored:
-    """The folder's sequences, one entry an input record (ascending): where its first copy is (shard
-    and first token, over the folder's shards in manifest order, train then validation), its length,
-    its copies in train and whether it is held out."""
+    """The folder's sequences, one entry an input record (ascending): where its first copy is (a unit,
+    see :class:`StoredShards`, and its first token in that row group), its length, its supervised
+    tokens within the new ``--max-len`` where longer (:func:`read_lengths`), its copies in train and
+    whether it is held out."""
 
     records: np.ndarray  # int64, ascending
     lengths: np.ndarray  # int64
-    shard: np.ndarray  # int64
-    first_token: np.ndarray  # int64, within the shard
+    unit: np.ndarray  # int64
+    first_token: np.ndarray  # int64, within the unit's row group
+    within: np.ndarray  # int32
     copies: np.ndarray  # int64
     held: np.ndarray  # bool
-    shards: list[str]
 
     @classmethod
-    def read(cls, folder: Path, manifest: dict) -> "Stored":
-        """Pass 1: ``seq_lens`` and ``source_index`` of every shard, a row group at a time."""
-        validation = (manifest.get("validation") or {}).get("shards", [])
-        shards = [s["path"] for s in manifest["shards"]] + [s["path"] for s in validation]
-        columns = {name: [] for name in ("records", "lengths", "shard", "first_token")}
-        for number, name in enumerate(shards):
-            at = 0
-            for table in ShardReader(folder / name, manifest.get("layout")).tables(["seq_lens", "source_index"]):
-                lengths = list_column(table, "seq_lens")[0].astype(np.int64)
-                columns["records"].append(list_column(table, "source_index")[0].astype(np.int64))
-                columns["lengths"].append(lengths)
-                columns["shard"].append(np.full(len(lengths), number, np.int64))
-                columns["first_token"].append(at + np.cumsum(lengths) - lengths)
-                at += int(lengths.sum())
-        flat = {k: np.concatenate(v) if v else np.zeros(0, np.int64) for k, v in columns.items()}
-        in_train = np.isin(flat["shard"], np.arange(len(manifest["shards"])))
+    def join(cls, shards: StoredShards, found) -> "Stored":
+        """The records of pass 1's results (``found``, in task order: the shards' order)."""
+        found = list(found)
+        flat = {name: np.concatenate([f[name] for f in found]) if found else np.zeros(0, np.int64)
+                for name in ("records", "lengths", "unit", "first", "within")}
+        in_train = flat["unit"] < shards.units(shards.train)
         records, first = np.unique(flat["records"], return_index=True)
         copies = np.bincount(np.searchsorted(records, flat["records"][in_train]), minlength=len(records))
         held = np.isin(records, flat["records"][~in_train])
-        return cls(records, flat["lengths"][first], flat["shard"][first], flat["first_token"][first], copies, held,
-                   shards)
+        return cls(records, flat["lengths"][first], flat["unit"][first], flat["first"][first],
+                   flat["within"][first], copies, held)
+
+    def fates(self, config) -> np.ndarray:
+        """What ``--overlong`` does to each stored sequence at the new ``max_len`` (plan.overlong_fates)."""
+        return overlong_fates(self.lengths, config.max_len, config.overlong,
+                              self.within if config.overlong == "truncate" else None)
 
 
-def _mixture(manifest: dict) -> Mixture | None:
+def kept(fates: np.ndarray) -> np.ndarray:
+    """The records that stay sequences: not dropped, not emptied by truncation."""
+    return (fates != DROPPED) & (fates != EMPTIED)
+
+
+@dataclass
+class Placement:
+    """Where pass 2 writes the kept records' tokens: the token store's files under ``cache`` (created
+    at their full size by :func:`place`); for each kept record, in (unit, first token) order, the
+    order the shards hold them: its unit, its first token there, its length (cut to the new
+    ``--max-len`` where truncated), and its part of the store and first token in that part's files
+    (input order, as ``pack`` spills them)."""
+
+    shards: StoredShards
+    cache: Path
+    unit: np.ndarray  # int64, ascending
+    first: np.ndarray  # int64
+    length: np.ndarray  # int64
+    part: np.ndarray  # int64
+    at: np.ndarray  # int64
+
+    def tasks(self, runs: int) -> list[tuple[int, int, int, int]]:
+        """Pass 2's tasks: runs of row groups, each holding a record placed here."""
+        return self.shards.tasks(runs, self.unit)
+
+
+def place(cache: Path, shards: StoredShards, stored: Stored, fates: np.ndarray, max_len: int, records: int,
+          parts: int) -> tuple[Placement, TokenStore]:
+    """The kept records' places, and the token store of ``records`` input records they make: the
+    records in input order, cut into about ``parts`` parts of about equal tokens, each part's two
+    files created at their full size (pass 2 fills them). Parts, as ``pack``'s encode workers spill
+    them: the workers of pass 2 write into many files, not all into one (a file takes one write at
+    a time)."""
+    items = np.flatnonzero(kept(fates))
+    lengths = np.where(fates[items] == CUT, max_len, stored.lengths[items])
+    at = np.zeros(len(items), np.int64)
+    np.cumsum(lengths[:-1], out=at[1:])
+    part = np.unique(at * parts // max(1, int(lengths.sum())), return_inverse=True)[1].astype(np.int64)
+    starts = np.concatenate([[0], np.flatnonzero(np.diff(part)) + 1]).astype(np.int64)
+    spills = []
+    for number, (lo, hi) in enumerate(zip(starts.tolist(), [*starts[1:].tolist(), len(items)])):
+        for column in TOKEN_COLUMNS:
+            with open(spill_path(cache, number, column), "wb") as handle:
+                handle.truncate(int(lengths[lo:hi].sum()) * 4)
+        spills.append(Spilled(lengths[lo:hi].astype(np.int32)))
+    absent = np.setdiff1d(np.arange(records, dtype=np.int64), stored.records[items])
+    store = TokenStore.from_spills(cache, spills, absent)
+    at -= at[starts][part]
+    order = np.lexsort((stored.first_token[items], stored.unit[items]))
+    placement = Placement(shards, cache, stored.unit[items[order]], stored.first_token[items[order]],
+                          lengths[order], part[order], at[order])
+    return placement, store
+
+
+def write_tokens(placement: Placement, task: tuple[int, int, int, int]) -> int:
+    """Pass 2, one task's row groups: the tokens and labels of the records placed there, each written
+    at its place in its part's token files; returns the tokens written."""
+    shard, first, end, unit = task
+    task_lo, task_hi = np.searchsorted(placement.unit, [unit, unit + end - first])
+    groups = (np.unique(placement.unit[task_lo:task_hi]) - unit + first).tolist()
+    files: dict[tuple[int, str], int] = {}
+    try:
+        tables = placement.shards.reader(shard).tables(["input_ids", "labels"], threads=False, groups=groups)
+        for group, table in zip(groups, tables):
+            columns = [np.ascontiguousarray(list_column(table, name)[0], np.int32) for name in ("input_ids", "labels")]
+            lo, hi = np.searchsorted(placement.unit, [unit + group - first, unit + group - first + 1])
+            places = (placement.first, placement.length, placement.part, placement.at)
+            records = zip(*(a[lo:hi].tolist() for a in places))
+            for start, length, part, at in records:
+                for column, values in zip(TOKEN_COLUMNS, columns):
+                    if (part, column) not in files:
+                        files[part, column] = os.open(spill_path(placement.cache, part, column), os.O_WRONLY)
+                    if os.pwrite(files[part, column], values[start : start + length], at * 4) != length * 4:
+                        raise OSError(f"short write to the token cache {spill_path(placement.cache, part, column)}")
+    finally:
+        for fd in files.values():
+            os.close(fd)
+    return int(placement.length[task_lo:task_hi].sum())
+
+
+def folder_mixture(manifest: dict) -> Mixture | None:
     """The folder's mixture, as its manifest records it (its selection is read from the shards)."""
     table = manifest.get("mixture")
     if not table:
@@ -131,7 +249,7 @@ def _mixture(manifest: dict) -> Mixture | None:
     return Mixture(sources, groups, (manifest.get("validation") or {}).get("size"))
 
 
-def _check_cuts(folder: Path, old: dict, config, stored: Stored, mixture: Mixture | None, accept: bool) -> bool:
+def check_cuts(folder: Path, old: dict, config, stored: Stored, mixture: Mixture | None, accept: bool) -> bool:
     """Refuse what would not be ``pack``'s output; return whether sequences cut at the old ``max_len``
     are repacked as stored (``accept``, where some were cut)."""
     counts, before = old["counts"], int(old["config"]["max_len"])
@@ -164,26 +282,12 @@ def _check_cuts(folder: Path, old: dict, config, stored: Stored, mixture: Mixtur
     return bool(cut)
 
 
-def _rebuild(tmp: Path, folder: Path, old: dict, config, stored: Stored) -> tuple[TokenStore, Ledger]:
-    """The token store and ledger ``pack`` would have at ``config.max_len``: the stored sequences (pass 2),
-    under its ``--overlong`` rule; rejects.jsonl with the records it drops."""
-    cache = tmp / "token-cache"
-    cache.mkdir()
-    offsets = np.concatenate([[0], np.cumsum(stored.lengths)]).astype(np.int64)
-    _write_tokens(folder, old, stored, offsets, cache)
-    full = TokenStore(offsets, np.zeros(0, np.int64), cache, np.array([0, offsets[-1]], np.int64),
-                      np.zeros(0, np.int64))  # one sequence a record: _check_cuts refuses more
-    fates = _fates(full, stored.lengths, config)
-    keep = (fates != DROPPED) & (fates != EMPTIED)
-    lengths = np.where(fates == CUT, config.max_len, stored.lengths)
-    if (fates != 0).any():  # some are cut or dropped here: write the kept tokens anew
-        _compact(full, np.flatnonzero(keep), lengths, cache)
+def rebuild_ledger(tmp: Path, folder: Path, old: dict, config, stored: Stored, fates: np.ndarray) -> Ledger:
+    """The ledger ``pack`` would have at ``config.max_len``: each record's fate, the reasons and their first
+    examples; rejects.jsonl written with the folder's entries and the records dropped here."""
     entries = _rejects(folder, old, config, stored, fates)
-    status = _status(old, stored, fates, keep, config, entries)
-    absent = np.setdiff1d(np.arange(len(status), dtype=np.int64), stored.records[keep])
-    store = TokenStore.from_spills(cache, [Spilled(lengths[keep].astype(np.int32))], absent)
     ledger = Ledger(config.on_error)
-    ledger.status = status
+    ledger.status = _status(old, stored, fates, kept(fates), config, entries)
     ledger.reasons = Counter(entry["code"] for entry in entries)
     for entry in entries:  # in input order, as pack meets them: each reason's first example
         ledger.examples.setdefault(entry["code"], entry)
@@ -192,61 +296,7 @@ def _rebuild(tmp: Path, folder: Path, old: dict, config, stored: Stored) -> tupl
     if entries:
         with open(tmp / "rejects.jsonl", "w", encoding="utf-8") as handle:
             handle.writelines(json.dumps(entry, ensure_ascii=False) + "\n" for entry in entries)
-    return store, ledger
-
-
-def _write_tokens(folder: Path, old: dict, stored: Stored, offsets: np.ndarray, cache: Path) -> None:
-    """Pass 2: each record's tokens and labels, from the row group that holds its first copy, written at
-    its place in input order (``offsets``), a row group at a time through a map of the token files that
-    is dropped after each (its written pages are the page cache's, not this process's)."""
-    order = np.lexsort((stored.first_token, stored.shard))
-    shard_of, first_of = stored.shard[order], stored.first_token[order]
-    paths = [spill_path(cache, 0, column) for column in ("ids", "labels")]
-    for path in paths:
-        with open(path, "wb") as handle:
-            handle.truncate(int(offsets[-1]) * 4)
-    for number, name in enumerate(stored.shards):
-        base = 0
-        for table in ShardReader(folder / name, old.get("layout")).tables(["input_ids", "labels"]):
-            columns = [list_column(table, column)[0] for column in ("input_ids", "labels")]
-            lo, hi = np.searchsorted(shard_of, [number, number + 1])
-            lo, hi = lo + np.searchsorted(first_of[lo:hi], [base, base + len(columns[0])])
-            here = order[lo:hi]
-            lengths = stored.lengths[here]
-            within = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-            source = np.repeat(stored.first_token[here] - base, lengths) + within
-            target = np.repeat(offsets[here], lengths) + within
-            for path, values in zip(paths, columns):
-                if len(target):
-                    np.memmap(path, np.int32, "r+", shape=(int(offsets[-1]),))[target] = values[source]
-            base += len(columns[0])
-
-
-def _fates(store: TokenStore, lengths: np.ndarray, config) -> np.ndarray:
-    """What ``--overlong`` does to each stored sequence at the new ``max_len`` (plan.overlong_fates)."""
-    over = np.flatnonzero(lengths > config.max_len)
-    if not len(over) or config.overlong == "split":
-        return np.zeros(len(lengths), np.int8)
-    within = np.ones(len(lengths), np.int64)
-    if config.overlong == "truncate":
-        for item in over.tolist():  # supervised tokens within the first max_len, position 0 not counted
-            labels = store.gather(store.offsets[item : item + 1], np.array([config.max_len]))[1]
-            within[item] = int((labels[1:] != IGNORE_INDEX).sum())
-    return overlong_fates(lengths, config.max_len, config.overlong, within)
-
-
-def _compact(store: TokenStore, keep: np.ndarray, lengths: np.ndarray, cache: Path, block: int = 4096) -> None:
-    """Rewrite the token files with only the kept sequences, each at its new (cut) length."""
-    columns = ("ids", "labels")
-    new = [Path(f"{spill_path(cache, 0, column)}.new") for column in columns]
-    with open(new[0], "wb") as ids_out, open(new[1], "wb") as labels_out:
-        for lo in range(0, len(keep), block):
-            items = keep[lo : lo + block]
-            ids, labels = store.gather(store.offsets[items], lengths[items])
-            ids_out.write(ids.tobytes())
-            labels_out.write(labels.tobytes())
-    for column, path in zip(columns, new):
-        os.replace(path, spill_path(cache, 0, column))
+    return ledger
 
 
 def _status(old: dict, stored: Stored, fates: np.ndarray, keep: np.ndarray, config, rejects: list[dict]) -> bytearray:

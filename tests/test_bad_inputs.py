@@ -291,7 +291,7 @@ def test_library_entry_points_refuse_what_the_cli_refuses(tmp_path):
     """The library checks its arguments where the CLI does (settings.py): the same ConfigError and
     message from each entry point, before it writes anything."""
     from packprep.errors import ConfigError
-    from packprep.repack import repack
+    from packprep.pipeline import repack
 
     packed, out, chats = tmp_path / "packed", tmp_path / "out", str(EXAMPLE_CHATS)
     packprep.pack(chats, str(packed), TOKENIZER, max_len=MAX_LEN, num_proc=1)

@@ -230,7 +230,7 @@ def test_repack_refuses_a_folder_whose_records_are_several_sequences(tmp_path, t
     """The shards do not store which of a record's sequences came first: repack would lose or reorder
     them, so it refuses and says to pack again."""
     from packprep.errors import ConfigError
-    from packprep.repack import repack
+    from packprep.pipeline import repack
 
     inputs = tmp_path / "chats.jsonl"
     inputs.write_text(json.dumps(RECORDS["chat"]) + "\n")
