@@ -41,7 +41,8 @@ def run(args: list[str], packprep: str | None = None) -> tuple[float, int]:
     """Wall seconds and the peak memory (MiB, PSS of the process and its workers, sampled every 0.1 s)
     of ``python -m packprep ARGS``; ``packprep``: the folder holding the package to run instead of the
     installed one."""
-    env = None if packprep is None else {**os.environ, "PYTHONPATH": packprep}
+    path = os.pathsep.join(filter(None, [packprep, os.environ.get("PYTHONPATH")]))  # keep what else is on it
+    env = None if packprep is None else {**os.environ, "PYTHONPATH": path}
     started = time.perf_counter()
     process = subprocess.Popen([sys.executable, "-m", "packprep", *args], stdout=subprocess.DEVNULL, env=env)
     peak = 0
