@@ -13,7 +13,7 @@ with an adapter module of its own: one entry in ``packprep.layouts.STACKS``) wit
 
 * ``writes``: ``TABLE`` (Parquet/Arrow shards under ``data/``, as ``load_dataset(DIR)`` reads),
   ``SAVE_TO_DISK`` (an Arrow ``data/`` folder that ``datasets.load_from_disk(DIR/data)`` opens) or
-  ``FILES`` (anything else: give ``write_files``);
+  ``FILES`` (anything else: give ``write_files``, which gets ``convert``'s tables in order);
 * ``renames`` (canonical column -> this stack's name) when renaming is all it takes: such a layout
   stays readable by verify/stats/inspect; or ``convert(table, context) -> pa.Table`` for anything
   more (padding, masks, extra columns): canonical ``pa.Table`` rows in, that stack's columns out,
@@ -338,6 +338,10 @@ class Layout:
         if self.renames:
             return table.rename_columns([self.renames.get(n, n) for n in table.column_names])
         return table
+
+    def shard_format(self, requested: str) -> str:
+        """The format its shards are stored in: Arrow for a ``save_to_disk`` folder, else ``requested``."""
+        return "arrow" if self.writes == SAVE_TO_DISK else requested
 
     def schema(self, context: LayoutContext) -> "pa.Schema":
         """The schema of this layout's tables (from converting an empty canonical table)."""

@@ -44,7 +44,7 @@ def repack(folder: str | os.PathLike, output: str | os.PathLike, *, overwrite: b
     ``strategy``, ``seed``, ``row_order``, ``samples_per_row``; None keeps the folder's); return the
     new manifest. ``layout``: None keeps the folder's. ``accept_truncated``: pack sequences cut at the old
     ``max_len`` as they are stored."""
-    from .pipeline import PackConfig, publish, write_output
+    from .pipeline import PackConfig, write_output
     from .verification import read_manifest
 
     source = Path(folder).absolute()
@@ -67,9 +67,6 @@ def repack(folder: str | os.PathLike, output: str | os.PathLike, *, overwrite: b
     engine = make_engine("local", num_proc)
     try:
         with target.staging() as tmp, ThreadPoolExecutor(1) as background:
-            if layout.name != DEFAULT_LAYOUT:  # as pack: canonical rows first, then exported
-                tmp = tmp / ".canonical"
-                (tmp / "data").mkdir(parents=True)
             store, ledger = _rebuild(tmp, source, old, config, stored)
             if mixture is not None:
                 mixture.selection = Selection.from_copies(stored.copies, stored.held)
@@ -79,8 +76,9 @@ def repack(folder: str | os.PathLike, output: str | os.PathLike, *, overwrite: b
                                       "truncated_as_stored": old["counts"]["truncated"],
                                       "dropped_as_stored": old["counts"]["rejected_by_reason"].get("overlong", 0)}}
             manifest = write_output(tmp, store, ledger, config, engine, progress, background, lambda: described,
-                                    mixture, said if accepted else None)
-            return publish(target, tmp, manifest, layout)
+                                    mixture, said if accepted else None, layout)
+            target.commit()
+            return manifest
     finally:
         engine.close()
 
