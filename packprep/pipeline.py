@@ -278,8 +278,7 @@ def write_output(tmp, store: TokenStore, ledger: Ledger, config: PackConfig, eng
     manifest.update(extra or {})
     (tmp / "packprep.json").write_text(json.dumps(manifest, indent=2) + "\n")
     (tmp / "README.md").write_text(render_card(manifest))
-    report = verify(tmp, check_hashes=False, checked=checked,
-                    checked_validation=checked_validation)
+    report = verify(tmp, check_hashes=False, checked=checked, checked_validation=checked_validation)
     if not report.ok:  # a packprep bug, never a data problem: refuse to publish it
         raise RuntimeError(f"packed output failed verification: {report.failures[:3]}")
     return manifest
