@@ -376,7 +376,8 @@ def readable_layout(name: "str | Layout | None", where: str = "") -> Layout:
     if not layout.readable:
         raise UnreadableLayoutError(
             f"{where}layout {layout.name!r} is written for {layout.stack} and cannot be read back as packed rows; "
-            "verify, inspect or export the packprep-layout folder it was exported from"
+            "verify, inspect or export the packprep-layout folder it was exported from (`pack --layout` "
+            "checked its rows as it wrote them; pack without --layout for a folder to inspect)"
         )
     return layout
 
