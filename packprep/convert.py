@@ -6,7 +6,8 @@ hidden sibling folder renamed into place at the end, never over an existing fold
 ``overwrite``. The new folder's manifest says its layout and where it came from, and its dataset
 card carries that layout's recipe. The source is verified first: a stack's own format (padded rows,
 ``.npy`` files) cannot be read back by ``verify``, which then only checks its files' hashes.
-``pack --layout NAME`` is pack, then this.
+``pack --layout NAME`` writes the layout directly (its writers convert each row group with the same
+``Layout.to_layout``), without this re-read.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from .card import render_card
 from .errors import ConfigError
-from .layout import FILES, SAVE_TO_DISK, LayoutContext, ShardReader, get_layout, readable_layout
+from .layout import FILES, LayoutContext, ShardReader, get_layout, readable_layout
 from .read import file_sha256
 from .write import OutputFolder, shard_name, shard_writer, write_arrow_dataset_state
 
@@ -61,9 +62,10 @@ def export_into(source: Path, manifest: dict, tmp: Path, layout) -> dict:
             raise ConfigError(f"layout {layout.name} writes files of its own, with no validation split; pack without "
                               "--validation-size for it, or export to a layout of tables")
         readers = [ShardReader(source / shard["path"], manifest.get("layout")) for shard in manifest["shards"]]
-        shards = layout.write_files((table for reader in readers for table in reader.tables()), tmp, context)
+        tables = (layout.to_layout(table, context) for reader in readers for table in reader.tables())
+        shards = layout.write_files(tables, tmp, context)
     else:
-        fmt = "arrow" if layout.writes == SAVE_TO_DISK else config["shard_format"]
+        fmt = layout.shard_format(config["shard_format"])
         config["shard_format"] = fmt
         schema = layout.schema(context)
         shards = _export_shards(source, manifest, manifest["shards"], tmp, layout, context, fmt, "train")

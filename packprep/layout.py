@@ -13,7 +13,7 @@ with an adapter module of its own: one entry in ``packprep.layouts.STACKS``) wit
 
 * ``writes``: ``TABLE`` (Parquet/Arrow shards under ``data/``, as ``load_dataset(DIR)`` reads),
   ``SAVE_TO_DISK`` (an Arrow ``data/`` folder that ``datasets.load_from_disk(DIR/data)`` opens) or
-  ``FILES`` (anything else: give ``write_files``);
+  ``FILES`` (anything else: give ``write_files``, which gets ``convert``'s tables in order);
 * ``renames`` (canonical column -> this stack's name) when renaming is all it takes: such a layout
   stays readable by verify/stats/inspect; or ``convert(table, context) -> pa.Table`` for anything
   more (padding, masks, extra columns): canonical ``pa.Table`` rows in, that stack's columns out,
@@ -339,6 +339,10 @@ class Layout:
             return table.rename_columns([self.renames.get(n, n) for n in table.column_names])
         return table
 
+    def shard_format(self, requested: str) -> str:
+        """The format its shards are stored in: Arrow for a ``save_to_disk`` folder, else ``requested``."""
+        return "arrow" if self.writes == SAVE_TO_DISK else requested
+
     def schema(self, context: LayoutContext) -> "pa.Schema":
         """The schema of this layout's tables (from converting an empty canonical table)."""
         return self.to_layout(row_schema().empty_table(), context).schema
@@ -372,7 +376,8 @@ def readable_layout(name: "str | Layout | None", where: str = "") -> Layout:
     if not layout.readable:
         raise UnreadableLayoutError(
             f"{where}layout {layout.name!r} is written for {layout.stack} and cannot be read back as packed rows; "
-            "verify, inspect or export the packprep-layout folder it was exported from"
+            "verify, inspect or export the packprep-layout folder it was exported from (`pack --layout` "
+            "checked its rows as it wrote them; pack without --layout for a folder to inspect)"
         )
     return layout
 

@@ -25,7 +25,7 @@ from .encode import FATES, PACKED, REJECTED, SPLIT, Encoding
 from .ledger import Ledger, top_reasons
 from .engines import TASKS_PER_WORKER, Engine, LocalEngine, make_engine, runs_per_item
 from .errors import ConfigError, InputError
-from .layout import DEFAULT_LAYOUT, FILES, get_layout, readable_layout
+from .layout import DEFAULT_LAYOUT, FILES, LayoutContext, get_layout, readable_layout
 from .materialize import PackSink, Segments, TokenStore
 from .normalize import CHANGES
 from .packing import STRATEGY_TABLE, Bins, lower_bound, order_bins
@@ -40,9 +40,10 @@ from .repack import (Stored, StoredShards, check_cuts, check_target, folder_mixt
                      rebuild_ledger, repacked_from, write_tokens)
 from .split import membership
 from .tokenization import tokenizer_fingerprint
-from .verification import Report, read_manifest, ShardCheck, ShardContext, check_part, check_tasks, join_checks, verify
-from .write import (OutputFolder, finish_shards, join_shard, parse_size, prepare_shards, shard_pieces, write_piece,
-                    writers)
+from .verification import (Report, ShardCheck, ShardContext, check_part, check_rows, check_tasks, join_checks,
+                           joined_check, read_manifest, verify)
+from .write import (OutputFolder, finish_shards, join_shard, parse_size, prepare_shards, shard_pieces, write_files,
+                    write_piece, writers)
 
 
 def pack(
@@ -63,8 +64,8 @@ def pack(
     """Pack conversations from ``inputs`` into shards at ``output``; return the manifest.
 
     ``settings`` are the fields of :class:`PackConfig` (``max_len``, ``strategy``, ``seed``, ...).
-    ``layout``: the training stack the shards are laid out for (``packprep.layout``); rows are
-    packed and verified in the canonical layout, then exported to it.
+    ``layout``: the training stack the shards are laid out for (``packprep.layout``); the writers
+    make canonical rows, check them and write them converted to it, once.
     ``mix``: a mixture file (YAML or JSON) of sources with weights or shares, beside ``inputs`` at
     weight 1; ``validation_size``: a fraction, or a number of records, held out as the
     ``validation`` split (``packprep.mix``, ``packprep.split``).
@@ -115,9 +116,6 @@ def repack(folder, output, *, overwrite: bool = False, num_proc: int | None = No
         mixture = folder_mixture(old)
         accepted = check_cuts(source, old, config, stored, mixture, accept_truncated)
         with target.staging() as tmp, ThreadPoolExecutor(1) as background:
-            if layout.name != DEFAULT_LAYOUT:  # as pack: canonical rows first, then exported
-                tmp = tmp / ".canonical"
-                (tmp / "data").mkdir(parents=True)
             fates = stored.fates(config)
             (tmp / "token-cache").mkdir()
             placement, store = place(tmp / "token-cache", shards, stored, fates, config.max_len,
@@ -132,8 +130,9 @@ def repack(folder, output, *, overwrite: bool = False, num_proc: int | None = No
                 mixture.selection = Selection.from_copies(stored.copies, stored.held)
             described = {"inputs": old["inputs"], "tokenizer": old["tokenizer"]}
             manifest = write_output(tmp, store, ledger, config, engine, progress, background, lambda: described,
-                                    mixture, repacked_from(source, old) if accepted else None)
-            return publish(target, tmp, manifest, layout)
+                                    mixture, repacked_from(source, old) if accepted else None, layout)
+            target.commit()
+            return manifest
     finally:
         engine.close()
 
@@ -151,9 +150,6 @@ def _pack_into(folder: OutputFolder, encoding: Encoding, config: PackConfig, lay
         # the inputs' sha256 for the manifest, read beside the workers instead of after them
         hashes = background.submit(lambda: [file_sha256(s.path) if os.path.isfile(s.path) else None
                                         for s in encoding.sources])
-        if layout.name != DEFAULT_LAYOUT:  # canonical rows first, verified, then exported into tmp
-            tmp = tmp / ".canonical"
-            (tmp / "data").mkdir(parents=True)
         ledger = Ledger(config.on_error, tmp / "rejects.jsonl")
         cache = tmp / "token-cache"  # tokens spill to disk, a file pair a part: memory does not grow with the data
         cache.mkdir()
@@ -171,40 +167,46 @@ def _pack_into(folder: OutputFolder, encoding: Encoding, config: PackConfig, lay
             mixture.select(store.source_index(np.arange(len(store))), [s.records for s in encoding.sources],
                            store.lengths, config.seed)
         manifest = write_output(tmp, store, ledger, config, engine, progress, background,
-                                lambda: _described(encoding, ledger, hashes.result()), mixture)
-        return publish(folder, tmp, manifest, layout)
+                                lambda: _described(encoding, ledger, hashes.result()), mixture, layout=layout)
+        folder.commit()
+        return manifest
 
 
 def write_output(tmp, store: TokenStore, ledger: Ledger, config: PackConfig, engine: Engine, progress: bool,
-                 background, described, mixture: Mixture | None = None, extra: dict | None = None) -> dict:
-    """Pack the store's sequences (the mixture's selection, else each once) into ``tmp``; write the
-    manifest and card and verify them; return the manifest. ``described()``: its inputs and tokenizer.
-    ``pack`` and ``repack`` both end here, so that the same store gives the same bytes; ``extra``:
-    keys added to the manifest."""
+                 background, described, mixture: Mixture | None = None, extra: dict | None = None,
+                 layout=DEFAULT_LAYOUT) -> dict:
+    """Pack the store's sequences (the mixture's selection, else each once) into ``tmp`` in ``layout``;
+    write the manifest and card and verify them; return the manifest. ``described()``: its inputs and
+    tokenizer. ``pack`` and ``repack`` both end here, so that the same store gives the same bytes;
+    ``extra``: keys added to the manifest. Verified once: each row group as its writer makes it, or
+    each shard read back where the layout's rows can be (``check_shards``), then the totals."""
+    layout = get_layout(layout)
+    info = described() if layout.writes == FILES else None  # its files are written here: with the tokenizer
     selection = None if mixture is None else mixture.selection
-    validation = None
+    validation = checked_validation = None
     if selection is not None:
         np.frombuffer(ledger.status, dtype=np.uint8)[store.source_index(selection.unsampled)] = UNSAMPLED
         if len(selection.validation):  # first: the token cache is removed once train is written
-            validation = _write_split(tmp, store, ledger, config, engine, progress, selection.rounds("validation"))
+            validation, checked_validation = _write_split(tmp, store, ledger, config, engine, progress,
+                                                          selection.rounds("validation"), layout)
     with Progress(progress, len(store), "pack", "seq") as bar:
         segments = _segments(_pack(store, config, ledger, None if selection is None else selection.rounds()), store)
         bar.update(len(store))
     with Progress(progress, segments.offsets.size - 1, "write", "rows") as bar:
-        check = ShardContext(tmp, DEFAULT_LAYOUT, config.max_len,
-                             STRATEGY_TABLE[config.strategy].rows_may_exceed_max_len, False, len(ledger.status))
+        check = _check_context(tmp, config, layout, len(ledger.status))
         # the token cache is removed beside the shards' joins and checks, once no piece needs it
         removal, cache_dir = [], store.cache_dir
-        shards, checked = write_shards(
+        shards, checked, supervised = write_shards(
             tmp, store, segments, config.max_len, config.shard_format, parse_size(config.shard_size), bar,
             engine, check, lambda: removal.append(background.submit(shutil.rmtree, cache_dir)),
+            layout=layout.name, files=LayoutContext(config.max_len, info),
         )
     removal[0].result()
     sequences = len(store)
     records = store.source_index(np.arange(sequences)) if mixture is not None else None
     lengths = store.lengths if mixture is not None else None
     del store  # the manifest and verify hold arrays of their own: free these first
-    manifest = _manifest(config, described(), ledger, sequences, segments, shards)
+    manifest = _manifest(config, info or described(), ledger, sequences, segments, shards, supervised)
     del segments
     if mixture is not None:
         manifest["counts"]["unsampled"] = int(len(selection.unsampled))
@@ -212,37 +214,39 @@ def write_output(tmp, store: TokenStore, ledger: Ledger, config: PackConfig, eng
     if validation is not None:
         manifest["validation"] = {**validation, "size": mixture.validation_size, "members": membership(
             np.sort(records[selection.validation]), input_starts([i["records"] for i in manifest["inputs"]]))}
-    manifest["layout"] = DEFAULT_LAYOUT
+    if layout.writes != FILES:
+        manifest["config"]["shard_format"] = layout.shard_format(config.shard_format)
+    manifest["layout"] = layout.name
     manifest.update(extra or {})
     (tmp / "packprep.json").write_text(json.dumps(manifest, indent=2) + "\n")
     (tmp / "README.md").write_text(render_card(manifest))
-    report = verify(tmp, check_hashes=False, checked=checked)
+    report = verify(tmp, check_hashes=False, checked=checked, checked_validation=checked_validation)
     if not report.ok:  # a packprep bug, never a data problem: refuse to publish it
         raise RuntimeError(f"packed output failed verification: {report.failures[:3]}")
     return manifest
 
 
 def _write_split(tmp, store: TokenStore, ledger: Ledger, config: PackConfig, engine: Engine, progress: bool,
-                 rounds: list[np.ndarray], split: str = "validation") -> dict:
-    """Pack and write the sequences ``rounds`` as ``split``'s shards; return its manifest entry."""
+                 rounds: list[np.ndarray], layout, split: str = "validation") -> tuple[dict, list | None]:
+    """Pack and write the sequences ``rounds`` as ``split``'s shards; return its manifest entry, and
+    its shards' checks where ``layout``'s rows cannot be read back (else ``verify`` reads them)."""
+    if layout.writes == FILES:
+        raise ConfigError(f"layout {layout.name} writes files of its own, with no {split} split: pack without "
+                          "--validation-size for it, or choose a layout of tables")
     segments = _segments(_pack(store, config, ledger, rounds), store)
+    check = None if layout.readable else _check_context(tmp, config, layout, len(ledger.status))
     with Progress(progress, segments.offsets.size - 1, f"write {split}", "rows") as bar:
-        shards, _ = write_shards(tmp, store, segments, config.max_len, config.shard_format,
-                                 parse_size(config.shard_size), bar, engine, split=split)
+        shards, checked, _ = write_shards(tmp, store, segments, config.max_len, config.shard_format,
+                                          parse_size(config.shard_size), bar, engine, check, split=split,
+                                          layout=layout.name)
     return {"rows": int(segments.offsets.size - 1), "sequences": int(len(segments.item)),
             "tokens": {"total": sum(s["tokens"] for s in shards), "supervised": sum(s["supervised_tokens"] for s in shards)},
-            "shards": shards}
+            "shards": shards}, None if check is None else checked
 
 
-def publish(folder: OutputFolder, tmp, manifest: dict, layout) -> dict:
-    """Lay the verified canonical folder ``tmp`` out for ``layout`` and move the output into place."""
-    if layout.name != DEFAULT_LAYOUT:
-        from .convert import export_into
-
-        manifest = export_into(tmp, manifest, tmp.parent, layout)
-        shutil.rmtree(tmp)
-    folder.commit()
-    return manifest
+def _check_context(tmp, config: PackConfig, layout, records: int) -> ShardContext:
+    return ShardContext(tmp, layout.name, config.max_len, STRATEGY_TABLE[config.strategy].rows_may_exceed_max_len,
+                        False, records)
 
 
 def _described(encoding: Encoding, ledger: Ledger, hashes: list) -> dict:
@@ -303,13 +307,12 @@ def _segments(bins: Bins, store: TokenStore) -> Segments:
     return Segments(bins.items, bins.starts, lengths, bins.offsets)
 
 
-def _manifest(config, described: dict, ledger, sequences: int, segments, shards) -> dict:
+def _manifest(config, described: dict, ledger, sequences: int, segments, shards, supervised: int) -> dict:
     status = np.bincount(np.frombuffer(ledger.status, dtype=np.uint8), minlength=len(FATES))
     fates = {fate: int(status[code]) for code, fate in enumerate(FATES)}
     row_lengths = segments.row_lengths()
     tokens = int(row_lengths.sum())
     rows = int(len(row_lengths))
-    supervised = sum(shard["supervised_tokens"] for shard in shards)
     bound = lower_bound(row_lengths, config.max_len) if tokens else 0
     return {
         "packprep_version": __version__,
@@ -357,35 +360,50 @@ def plan_parts(sources: list[Source], engine: Engine) -> list[Part]:
 
 def write_shards(folder, store: TokenStore, segments: Segments, max_len: int, shard_format: str = "parquet",
                  shard_bytes: int = 500_000_000, progress=None, engine: Engine | None = None,
-                 check: ShardContext | None = None, tokens_done=None, split: str = "train") -> tuple[list[dict], list]:
-    """Write all rows of ``segments`` as shards under ``folder/data``; return their manifest entries
-    and, with ``check``, each shard's check, read back from the file.
+                 check: ShardContext | None = None, tokens_done=None, split: str = "train", layout: str = DEFAULT_LAYOUT,
+                 files: LayoutContext | None = None) -> tuple[list[dict], list, int]:
+    """Write all rows of ``segments`` as shards under ``folder/data``, in ``layout``; return their
+    manifest entries, with ``check`` each shard's check, and the supervised tokens written.
 
     Three stages of ``engine``'s workers (default: this process): where the shards are too few to
     keep every worker busy, each is cut into pieces of whole row groups, written side by side
-    (:func:`packprep.write.write_piece`); each shard's pieces are joined into it (``join_shard``);
-    with ``check``, the shards are read back and checked, a run of row groups a task
-    (:func:`check_shards`). A joined shard is byte for byte what one writer makes
-    (``packprep.join``), so the bytes depend neither on the engine nor on the number of workers.
-    ``tokens_done`` is called once every piece is written: the token store is not read after that.
-    Memory: each writer holds one row group and its Parquet buffers (``packprep.write.writers``).
+    (:func:`packprep.write.write_piece`, which converts each row group to the layout); each shard's
+    pieces are joined into it (``join_shard``); with ``check``, the shards are read back and checked,
+    a run of row groups a task (:func:`check_shards`), or, where the layout's rows cannot be read
+    back, each row group is checked by its writer before it is converted. A layout of files of its
+    own gets its pieces' rows here (``write.write_files``, with ``files``: its context) instead of
+    joins. A joined shard is byte for byte what one writer makes (``packprep.join``), so the bytes
+    depend neither on the engine nor on the number of workers. ``tokens_done`` is called once every
+    piece is written: the token store is not read after that. Memory: each writer holds one row
+    group and its Parquet buffers (``packprep.write.writers``).
     """
     engine = engine or LocalEngine()
-    job, plan = prepare_shards(folder, store, segments, max_len, shard_format, shard_bytes, split)
+    made = check is not None and not get_layout(layout).readable  # checked as made, before converting
+    job, plan = prepare_shards(folder, store, segments, max_len, shard_format, shard_bytes, split, layout,
+                               partial(check_rows, check) if made else None)
     workers = writers(engine.workers)
     pieces = shard_pieces(plan, job.rows_per_group, runs_per_item(len(plan), workers))
     written = np.zeros((len(plan), 3), np.int64)  # a shard's pieces, tokens, supervised tokens
-    for (index, _, lo, hi), counts in zip(pieces, engine.map(write_piece, job, pieces, workers=workers)):
+    parts = [[] for _ in plan]
+    for (index, _, lo, hi), (*counts, part) in zip(pieces, engine.map(write_piece, job, pieces, workers=workers)):
         written[index] += (1, *counts)
+        parts[index].append(part)
         if progress is not None:
             progress.update(hi - lo, counts[0])
     if tokens_done is not None:
         tokens_done()
     shards = [(index, first, last, *map(int, written[index])) for index, (first, last) in enumerate(plan)]
-    entries = list(engine.map(join_shard, job, shards, workers=workers))
-    checks = [None] * len(entries) if check is None else check_shards(check, entries, engine, workers)
-    finish_shards(folder, shard_format, entries, split)
-    return entries, checks
+    if job.files:
+        entries = write_files(job, pieces, files or LayoutContext(max_len))
+    else:
+        entries = list(engine.map(join_shard, job, shards, workers=workers))
+    if made:
+        checks = [joined_check(p, {"path": job.shard_path(i), "rows": last - first})
+                  for i, (p, (first, last)) in enumerate(zip(parts, plan))]
+    else:
+        checks = [None] * len(entries) if check is None else check_shards(check, entries, engine, workers)
+    finish_shards(job, entries)
+    return entries, checks, int(written[:, 2].sum())
 
 
 def check_shards(context: ShardContext, shards: list[dict], engine: Engine, workers: int | None = None) -> list[ShardCheck]:

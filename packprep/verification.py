@@ -38,8 +38,8 @@ import numpy as np
 import pyarrow as pa
 
 from .errors import ConfigError, InputError
-from .layout import (IGNORE_INDEX, ROW_SCHEMA, LayoutError, ShardReader, UnreadableLayoutError, list_column,
-                     readable_layout)
+from .layout import (FILES, IGNORE_INDEX, ROW_SCHEMA, LayoutError, ShardReader, UnreadableLayoutError, get_layout,
+                     list_column, readable_layout)
 from .normalize import load_schema
 from .read import file_sha256
 from .settings import check_verify
@@ -116,7 +116,8 @@ Checker = Callable[["ShardContext", list[dict]], list[ShardCheck]]
 
 
 def verify(folder: str | Path, check_hashes: bool = True, retokenize: int = 0, seed: int = 0,
-           checked: list[ShardCheck] | None = None, checker: Checker | None = None) -> Report:
+           checked: list[ShardCheck] | None = None, checker: Checker | None = None,
+           checked_validation: list[ShardCheck] | None = None) -> Report:
     """Check ``folder`` against the output contract; never raises on bad data, reports it.
 
     ``retokenize=N`` also rebuilds N randomly chosen sequences (``seed``) from the input records
@@ -124,12 +125,14 @@ def verify(folder: str | Path, check_hashes: bool = True, retokenize: int = 0, s
     ``checker(context, shards)`` checks the shards (default: one by one in this process;
     ``packprep.pipeline.verify_folder`` runs it on an engine); the report is the same with any.
     ``checked``: the manifest's shards already checked, in its order (``pack`` checks the shards it
-    wrote, reading them back); only the totals are left.
+    wrote, reading them back); only the totals are left. With it, a layout whose rows cannot be read
+    back is verified too (``pack`` checked its rows as it made them, before converting them): its
+    listed files, the manifest and the totals. ``checked_validation``: the same for the validation split.
     """
     check_verify(retokenize, seed)
     folder = Path(folder)
     report = Report()
-    manifest = _load_manifest(folder, report)
+    manifest = _load_manifest(folder, report, check_hashes if checked is not None else None)
     if manifest is None:
         return report
     context = ShardContext(folder, manifest.get("layout"), manifest["config"]["max_len"],
@@ -151,7 +154,8 @@ def verify(folder: str | Path, check_hashes: bool = True, retokenize: int = 0, s
         seen[shard.sources] = True
         complete = complete and shard.complete
     if manifest.get("validation"):
-        seen, complete = _check_validation(context, manifest, seen, report, checker or check_here, complete)
+        given = None if checked_validation is None else (lambda _context, _shards: checked_validation)
+        seen, complete = _check_validation(context, manifest, seen, report, given or checker or check_here, complete)
     indices_valid = not any(f.check == "source_index" for f in report.failures)
     _check_coverage(folder, manifest, seen, report, judge_packed=complete and indices_valid)
     _check_counts(manifest, report, supervised if complete else None)
@@ -222,6 +226,20 @@ def check_part(context: ShardContext, part: tuple[dict, tuple[int, int] | None])
     return check
 
 
+def check_rows(context: ShardContext, check: ShardCheck | None, table: pa.Table, shard: str,
+               first_row: int) -> ShardCheck:
+    """``check`` (None: a new one) with one more row group checked: rows as a writer made them, before
+    it converts them to a layout that cannot be read back (``packprep.write.write_piece``)."""
+    check = check or ShardCheck()
+    sources = []
+    if check.complete and not _check_rows(table.combine_chunks(), shard, context, check, sources, first_row):
+        check.complete = False
+    if sources:
+        joined = np.union1d(check.sources, sources[0]) if len(check.sources) else np.unique(sources[0])
+        check.sources = joined.astype(np.min_scalar_type(context.records))
+    return check
+
+
 def joined_check(parts: list[ShardCheck], shard: dict) -> ShardCheck:
     """One shard's check from the checks of its parts, in order; its row count judged against the manifest."""
     check = ShardCheck(complete=all(part.complete for part in parts))
@@ -252,7 +270,9 @@ def read_manifest(folder: str | Path) -> dict:
     return manifest
 
 
-def _load_manifest(folder: Path, report: Report) -> dict | None:
+def _load_manifest(folder: Path, report: Report, rows_checked: bool | None = None) -> dict | None:
+    """The manifest, if it is valid. A layout whose rows cannot be read back is refused, unless its
+    rows were checked as they were made (``rows_checked``: whether to hash its files, else their sizes)."""
     import jsonschema
 
     path = folder / "packprep.json"
@@ -262,31 +282,41 @@ def _load_manifest(folder: Path, report: Report) -> dict | None:
         report.failures.append(Failure("manifest", f"cannot read {path}: {exc}"))
         return None
     layout = manifest.get("layout") if isinstance(manifest, dict) else None
+    shown = manifest  # what the schema sees
     if isinstance(layout, str):  # before the schema: a stack's own files need not look like shards
         try:
             readable_layout(layout)
         except LayoutError as exc:
             before = len(report.failures)
-            _check_listed_files(folder, manifest, report)
-            if isinstance(exc, UnreadableLayoutError) and len(report.failures) == before:  # whole, only unreadable here
+            _check_listed_files(folder, manifest, report, rows_checked is not False)
+            unreadable = isinstance(exc, UnreadableLayoutError)
+            if unreadable and rows_checked is None and len(report.failures) == before:  # whole, only unreadable here
                 raise UnreadableLayoutError(f"{folder}: its files match the manifest, but {exc}") from None
-            report.failures.append(Failure("layout", str(exc)))
-            return None
-    errors = list(jsonschema.Draft202012Validator(load_schema("manifest")).iter_errors(manifest))
+            if not (unreadable and rows_checked is not None):
+                report.failures.append(Failure("layout", str(exc)))
+                return None
+            if get_layout(layout).writes == FILES:  # files of its own: their paths are no shard names
+                shown = {**manifest, "shards": []}
+    errors = list(jsonschema.Draft202012Validator(load_schema("manifest")).iter_errors(shown))
     for error in errors[:5]:
         where = "/".join(str(p) for p in error.absolute_path) or "manifest"
         report.failures.append(Failure("manifest", f"at {where}: {error.message[:200]}"))
     return None if errors else manifest
 
 
-def _check_listed_files(folder: Path, manifest: dict, report: Report) -> None:
-    """For a layout whose rows cannot be read back: at least every listed file is there, unchanged."""
-    for entry in manifest.get("shards") or []:
+def _check_listed_files(folder: Path, manifest: dict, report: Report, hashes: bool = True) -> None:
+    """For a layout whose rows cannot be read back: at least every listed file is there, unchanged
+    (its sha256; ``hashes`` False: its size, where the writer hashed the bytes it wrote)."""
+    validation = manifest.get("validation")
+    listed = list(manifest.get("shards") or []) + list(validation.get("shards") or [] if isinstance(validation, dict) else [])
+    for entry in listed:
         name = entry.get("path") if isinstance(entry, dict) else None
         if not isinstance(name, str) or not (folder / name).is_file():
             report.failures.append(Failure("shard_file", "listed in the manifest but missing", str(name)))
-        elif entry.get("sha256") != file_sha256(folder / name):
+        elif hashes and entry.get("sha256") != file_sha256(folder / name):
             report.failures.append(Failure("shard_file", "sha256 differs from the manifest", name))
+        elif not hashes and entry.get("bytes") != (folder / name).stat().st_size:
+            report.failures.append(Failure("shard_file", "size differs from the manifest", name))
 
 
 def _shard_tables(path: Path, failures: list[Failure], name: str, layout=None,

@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .errors import ConfigError, OutputError
-from .layout import IGNORE_INDEX, ROW_SCHEMA
+from .layout import DEFAULT_LAYOUT, FILES, IGNORE_INDEX, ROW_SCHEMA, LayoutContext, ShardReader, get_layout
 from .materialize import Segments, TokenStore, materialize
 from .join import join_pieces
 
@@ -164,20 +164,21 @@ def shard_name(index: int, count: int, shard_format: str, split: str = "train") 
 
 
 def prepare_shards(folder: Path, store: TokenStore, segments: Segments, max_len: int, shard_format: str = "parquet",
-                   shard_bytes: int = 500_000_000, split: str = "train") -> tuple["ShardJob", list[tuple[int, int]]]:
+                   shard_bytes: int = 500_000_000, split: str = "train", layout: str = DEFAULT_LAYOUT,
+                   check=None) -> tuple["ShardJob", list[tuple[int, int]]]:
     """The write stage's context and the shards' rows ``(first, stop)``, planned from the rows' lengths,
     with the pieces' folder made; ``packprep.pipeline.write_shards`` runs the stages on an engine."""
     _arrow_ready()
     plan = plan_shards(segments.row_lengths(), np.diff(segments.offsets), shard_bytes)
     (folder / PIECES).mkdir()
-    return ShardJob(folder, store, segments, max_len, shard_format, len(plan), split), plan
+    return ShardJob(folder, store, segments, max_len, shard_format, plan, split, layout, check), plan
 
 
-def finish_shards(folder: Path, shard_format: str, entries: list[dict], split: str = "train") -> None:
+def finish_shards(job: "ShardJob", entries: list[dict]) -> None:
     """After the joins: the pieces' folder goes, and an Arrow ``data/`` gets its dataset state."""
-    (folder / PIECES).rmdir()
-    if shard_format == "arrow" and split == "train":  # load_from_disk(DIR/data) reads the train split
-        write_arrow_dataset_state(folder / "data", entries)
+    (job.folder / PIECES).rmdir()
+    if job.shard_format == "arrow" and job.split == "train" and not job.files:  # load_from_disk(DIR/data): train
+        write_arrow_dataset_state(job.folder / "data", entries, job.schema)
 
 
 def writers(workers: int) -> int:
@@ -210,36 +211,62 @@ def shard_pieces(plan: list[tuple[int, int]], rows_per_group: int, per_shard: in
 
 
 class ShardJob:
-    """What writing any shard needs: the write stage's context (the token store's index, the pieces)."""
+    """What writing any shard needs: the write stage's context (the token store's index, the pieces,
+    the layout the rows are written in, and ``check``: see :func:`write_piece`)."""
 
-    def __init__(self, folder, store, segments, max_len, shard_format, count, split="train"):
-        self.folder, self.store, self.segments, self.split = folder, store, segments, split
+    def __init__(self, folder, store, segments, max_len, shard_format, plan, split="train", layout=DEFAULT_LAYOUT,
+                 check=None):
+        self.folder, self.store, self.segments, self.split, self.check = folder, store, segments, split, check
         self.rows_per_group = max(1, ROW_GROUP_TOKENS // max(1, max_len))
-        self.shard_format, self.count = shard_format, count
+        self.firsts, self.count = [first for first, _ in plan], len(plan)
+        self.layout, self.context = layout, LayoutContext(max_len=max_len)  # a name: a Layout holds closures
+        chosen = get_layout(layout)
+        self.files = chosen.writes == FILES  # its pieces are rows for its write_files, never joined into shards
+        self.shard_format = "arrow" if self.files else chosen.shard_format(shard_format)
+        self.schema = chosen.schema(self.context)
 
     def piece_path(self, index: int, number: int) -> Path:
         return self.folder / PIECES / f"{self.split}-{index:05d}-{number:05d}.{self.shard_format}"
 
+    def shard_path(self, index: int) -> str:
+        return shard_name(index, self.count, self.shard_format, self.split)
 
-def write_piece(job: ShardJob, piece: tuple[int, int, int, int]) -> tuple[int, int]:
-    """The write stage: write rows ``[lo, hi)`` as piece ``number`` of shard ``index``, a row
-    group at a time; return its tokens and supervised tokens."""
+
+def write_piece(job: ShardJob, piece: tuple[int, int, int, int]) -> tuple[int, int, object]:
+    """The write stage: write rows ``[lo, hi)`` as piece ``number`` of shard ``index``, a row group
+    at a time, in the job's layout: each row group is made as canonical rows, checked with
+    ``job.check(check so far, rows, shard, first row)`` where given (a layout whose rows cannot be
+    read back), then converted (``Layout.to_layout``). Return its tokens, supervised tokens and check."""
     index, number, lo, hi = piece
     supervised = tokens = 0
-    with shard_writer(job.piece_path(index, number), job.shard_format) as write:
+    checked, layout = None, get_layout(job.layout)
+    with shard_writer(job.piece_path(index, number), job.shard_format, job.schema) as write:
         for start in range(lo, hi, job.rows_per_group):  # one row group in memory at a time
             table = materialize(job.store, job.segments.select(start, min(hi, start + job.rows_per_group)))
             labels = pc.list_flatten(table.column("labels"))
             supervised += pc.sum(pc.not_equal(labels, IGNORE_INDEX)).as_py() or 0
             tokens += len(labels)
-            write(table)
-    return tokens, supervised
+            if job.check is not None:
+                checked = job.check(checked, table, job.shard_path(index), start - job.firsts[index])
+            write(layout.to_layout(table, job.context))
+    return tokens, supervised, checked
+
+
+def write_files(job: ShardJob, pieces: list[tuple[int, int, int, int]], context: LayoutContext) -> list[dict]:
+    """For a layout of files of its own: its ``write_files`` gets the pieces' converted rows, in
+    order (here: its files are one whole); the pieces go. Return the files' manifest entries."""
+    paths = [job.piece_path(index, number) for index, number, _, _ in pieces]
+    entries = get_layout(job.layout).write_files((table for path in paths for table in ShardReader(path).tables()),
+                                                 job.folder, context)
+    for path in paths:
+        path.unlink()
+    return entries
 
 
 def join_shard(job: ShardJob, shard: tuple[int, int, int, int, int, int]) -> dict:
     """The join stage: join shard ``index``'s pieces into it; return its manifest entry."""
     index, first, last, pieces, tokens, supervised = shard
-    name = shard_name(index, job.count, job.shard_format, job.split)
+    name = job.shard_path(index)
     path = job.folder / name
     sha256 = join_pieces([job.piece_path(index, number) for number in range(pieces)], path, job.shard_format)
     return {"path": name, "rows": last - first, "tokens": tokens, "supervised_tokens": supervised,

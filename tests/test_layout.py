@@ -105,14 +105,37 @@ def test_export_to_trl_and_back(packed, tmp_path):
     assert datasets.load_dataset(str(tmp_path / "back"), split="train")["seq_lens"] == original["seq_lens"]
 
 
-def test_pack_with_layout_equals_pack_then_export(packed, tmp_path):
+def _files(folder):
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("name", [n for n in L.LAYOUTS if n != "packprep"])
+def test_pack_with_layout_equals_pack_then_export(packed, tmp_path, name):
+    """Written directly in the layout, by two workers, the files are those export makes of the
+    packprep folder: bytes, manifest and card (but for the export's note of where it came from)."""
     manifest = packprep.pack(str(EXAMPLE_CHATS), str(tmp_path / "direct"), str(EXAMPLE_TOKENIZER), max_len=256,
-                             num_proc=1, shard_size="40KB", layout="trl")
-    exported = export(packed, "trl", tmp_path / "exported")
-    assert manifest["layout"] == "trl"
-    assert [s["sha256"] for s in manifest["shards"]] == [s["sha256"] for s in exported["shards"]]
+                             num_proc=2, shard_size="40KB", layout=name)
+    exported = export(packed, name, tmp_path / "exported")
+    assert manifest["layout"] == name
+    assert exported.pop("exported_from") and manifest == exported
+    direct, made = _files(tmp_path / "direct"), _files(tmp_path / "exported")
+    del made["packprep.json"], made["README.md"]
+    assert {k: v for k, v in direct.items() if k not in ("packprep.json", "README.md")} == made
+    assert len([k for k in direct if k.startswith("data/")]) > 1  # several shards (or the stack's files)
     assert sorted(p.name for p in (tmp_path / "direct").iterdir()) == ["README.md", "data", "packprep.json",
                                                                         "rejects.jsonl"]
+
+
+@pytest.mark.parametrize("name", ["trl", "llamafactory"])
+def test_a_validation_split_is_written_in_the_layout_too(tmp_path, name):
+    """Both splits go straight to the layout, and are checked: those of llamafactory as they are made."""
+    settings = dict(max_len=256, shard_size="40KB", validation_size=0.1)
+    packprep.pack(str(EXAMPLE_CHATS), str(tmp_path / "packed"), str(EXAMPLE_TOKENIZER), num_proc=1, **settings)
+    manifest = packprep.pack(str(EXAMPLE_CHATS), str(tmp_path / "direct"), str(EXAMPLE_TOKENIZER), num_proc=2,
+                             layout=name, **settings)
+    exported = export(tmp_path / "packed", name, tmp_path / "exported")
+    assert exported.pop("exported_from") and manifest == exported
+    assert manifest["validation"]["shards"] and manifest["validation"]["shards"][0]["path"].startswith("data/validation-")
 
 
 def test_export_refuses_to_overwrite_and_leaves_nothing_half_written(packed, tmp_path):

@@ -399,10 +399,12 @@ def test_worker_processes_tokenize_on_one_thread_each(monkeypatch):
     assert threads_to_encode() > 1
 
 
-@pytest.mark.parametrize("num_proc", [1, 2])
-def test_a_shard_written_wrong_is_caught_and_nothing_is_published(tmp_path, monkeypatch, num_proc):
-    """Each writer reads back the shard it wrote and checks it: a packprep bug that let B's first
-    label be trained (here: materialize forgetting the -100) stops the run before the output exists."""
+@pytest.mark.parametrize("num_proc,layout", [(1, "packprep"), (2, "packprep"), (2, "trl"), (1, "torchtune"),
+                                             (2, "megatron")])
+def test_a_shard_written_wrong_is_caught_and_nothing_is_published(tmp_path, monkeypatch, num_proc, layout):
+    """Each shard is read back and checked, or, in a layout whose rows cannot be read back, each row
+    group is checked as its writer makes it: a packprep bug that let B's first label be trained
+    (here: materialize forgetting the -100) stops the run before the output exists."""
     from packprep import materialize as materialize_module, write as write_module
 
     original = materialize_module.materialize
@@ -416,5 +418,5 @@ def test_a_shard_written_wrong_is_caught_and_nothing_is_published(tmp_path, monk
     monkeypatch.setattr(write_module, "materialize", leaky)
     with pytest.raises(RuntimeError, match=r"packed output failed verification: .*first_label"):
         packprep.pack(str(EXAMPLE_CHATS), tmp_path / "out", TOKENIZER, max_len=512, num_proc=num_proc,
-                      shard_size="100KB")
+                      shard_size="100KB", layout=layout)
     assert list(tmp_path.iterdir()) == []

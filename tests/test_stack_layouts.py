@@ -96,7 +96,7 @@ def test_megatron_counts_labels_its_collate_drops_after_eos():
 
 def test_megatron_write_files(tmp_path):
     with pytest.warns(UserWarning, match="1 trained labels follow the eos token"):
-        entries = megatron.write_files([canonical()], tmp_path, context(6, manifest={"tokenizer": {"eos_token_id": 31}}))
+        entries = megatron.write_files([megatron.convert(canonical())], tmp_path, context(6, manifest={"tokenizer": {"eos_token_id": 31}}))
     data = np.load(tmp_path / "data" / "training.npy", allow_pickle=True)
     assert list(data) == megatron.megatron_rows(canonical())
     assert entries[0]["path"] == "data/training.npy" and entries[0]["rows"] == 2 and entries[0]["tokens"] == 9

@@ -32,8 +32,8 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import pyarrow as pa
 
-from ..layout import IGNORE_INDEX
-from ._rows import Rows
+from ..layout import IGNORE_INDEX, list_column
+from ._rows import Rows, ragged_list
 
 TRAIN_FILE = "training.npy"
 METADATA_FILE = "metadata.json"
@@ -50,37 +50,45 @@ def shifted_loss_mask(rows: Rows) -> np.ndarray:
     return mask
 
 
-def megatron_rows(table: pa.Table) -> list[dict]:
-    """Canonical rows -> the dicts ``GPTSFTPackedDataset`` indexes (Python lists, as its packer writes)."""
-    rows = Rows(table)
-    mask = shifted_loss_mask(rows)
-    out = []
-    for r in range(rows.num_rows):
-        lo, hi = rows.offsets[r], rows.offsets[r + 1]
-        seq_lens = rows.seq_lens[rows.seq_offsets[r] : rows.seq_offsets[r + 1]].astype(np.int64)
-        starts = np.concatenate([[0], np.cumsum(seq_lens)[:-1]])
-        out.append(
-            {
-                "input_ids": rows.input_ids[lo:hi].tolist(),
-                "loss_mask": mask[lo:hi].tolist(),
-                "seq_start_id": starts.tolist(),
-            }
-        )
-    return out
+SCHEMA = pa.schema([("input_ids", pa.list_(pa.int64())), ("loss_mask", pa.list_(pa.int8())),
+                    ("seq_start_id", pa.list_(pa.int64()))])
 
 
 def convert(table: pa.Table, context=None) -> pa.Table:
-    """The rows of ``training.npy`` as a table (what ``check_pipeline(..., layout="megatron")`` feeds)."""
-    schema = pa.schema([("input_ids", pa.list_(pa.int64())), ("loss_mask", pa.list_(pa.int8())),
-                        ("seq_start_id", pa.list_(pa.int64()))])
-    return pa.Table.from_pylist(megatron_rows(table), schema=schema)
+    """Canonical rows -> the rows of ``training.npy`` as a table: what ``pack --layout megatron``'s
+    writers make of each row group (``write_files`` saves them) and ``check_pipeline(..., layout="megatron")`` feeds."""
+    rows = Rows(table)
+    starts = rows.seq_starts - np.repeat(rows.offsets[:-1], rows.seqs_per_row)  # each sequence's start in its row
+    return pa.table([ragged_list(rows.input_ids, rows.offsets, pa.int64()),
+                     ragged_list(shifted_loss_mask(rows), rows.offsets, pa.int8()),
+                     ragged_list(starts, rows.seq_offsets, pa.int64())], schema=SCHEMA)
+
+
+def npy_rows(converted: pa.Table) -> list[dict]:
+    """Converted rows -> the dicts ``GPTSFTPackedDataset`` indexes (Python lists, as its packer writes)."""
+    columns = [list_column(converted, name) for name in SCHEMA.names]
+    flat = [values.tolist() for values, _ in columns]  # one conversion a column, then slices of Python lists
+    (_, offsets), (_, _), (_, seq_offsets) = columns
+    offsets, seq_offsets = offsets.tolist(), seq_offsets.tolist()
+    return [{"input_ids": flat[0][offsets[r]:offsets[r + 1]], "loss_mask": flat[1][offsets[r]:offsets[r + 1]],
+             "seq_start_id": flat[2][seq_offsets[r]:seq_offsets[r + 1]]} for r in range(converted.num_rows)]
+
+
+def megatron_rows(table: pa.Table) -> list[dict]:
+    """Canonical rows -> the dicts ``GPTSFTPackedDataset`` indexes."""
+    return npy_rows(convert(table))
+
+
+def _after_eos(converted: pa.Table, eos_id: int) -> int:
+    """Trained labels of converted rows whose input token is ``eos_id`` (``loss_mask[t]``: token t+1 is trained)."""
+    ids, _ = list_column(converted, "input_ids")
+    mask, _ = list_column(converted, "loss_mask")
+    return int(np.count_nonzero(mask.astype(bool) & (ids == eos_id)))
 
 
 def labels_after_eos(table: pa.Table, eos_id: int) -> int:
     """Trained labels whose input token (the one before, same sequence) is ``eos_id``: Megatron drops them."""
-    rows = Rows(table)
-    trained_next = shifted_loss_mask(rows).astype(bool)
-    return int(np.count_nonzero(trained_next & (rows.input_ids == eos_id)))
+    return _after_eos(convert(table), eos_id)
 
 
 def eos_id(manifest: Mapping[str, Any]) -> int | None:
@@ -104,7 +112,8 @@ def eos_id(manifest: Mapping[str, Any]) -> int | None:
 
 
 def write_files(tables: Iterable[pa.Table], out: Path, context) -> list[dict]:
-    """Write ``training.npy`` (+ ``metadata.json`` for ``PackedSequenceSpecs``); return the file entries."""
+    """Write ``training.npy`` (+ ``metadata.json`` for ``PackedSequenceSpecs``) from ``convert``'s
+    tables, in order; return the file entries."""
     out = Path(out) / "data"
     out.mkdir(parents=True, exist_ok=True)
     manifest = getattr(context, "manifest", {}) or {}
@@ -113,10 +122,11 @@ def write_files(tables: Iterable[pa.Table], out: Path, context) -> list[dict]:
     dropped = 0
     seq_lens: list[np.ndarray] = []
     for table in tables:
-        rows.extend(megatron_rows(table))
-        seq_lens.extend(np.asarray(s, np.int64) for s in table.column("seq_lens").to_pylist())
+        added = npy_rows(table)
+        seq_lens.extend(np.diff(row["seq_start_id"] + [len(row["input_ids"])]) for row in added)
+        rows.extend(added)
         if eos is not None:
-            dropped += labels_after_eos(table, eos)
+            dropped += _after_eos(table, eos)
     if not rows:
         raise ValueError("no rows to export")
     path = out / TRAIN_FILE
