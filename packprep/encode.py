@@ -24,7 +24,6 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol
 
 from .errors import ConfigError, InputError
-from .fates import FATES, PACKED, REJECTED, SPLIT, TRUNCATED  # noqa: F401  (the ledger's vocabulary)
 from .ledger import Ledger, RecordFailure
 from .normalize import Conversation, FieldNames, Policy, Rejected, detect_format, fit_to_template, normalize
 from .parts import Part, first_records, read_part

@@ -17,7 +17,7 @@ from typing import Iterator
 from .errors import InputError
 from .json_keys import repeated_key_reason
 from .json_scan import (
-    _array_items, _first_invalid_utf8, _json_arrays_chunks, json_cuts, _json_position, scan_json_chunk, _TextRun,
+    _array_items, _first_invalid_utf8, _json_arrays_chunks, json_cuts, JsonChunk, _json_position, scan_json_chunk, _TextRun,
 )
 from .read import (
     _bom_length, _check_text, _decode_error, _first_character, _invalid_json, _ipc_batches, _jsonl_records,
@@ -93,11 +93,11 @@ class PartPlan:
     sources: list[Source]
     planned: list[list[tuple] | None]  # each input's pieces, None: one part (or a JSON array, below)
     arrays: dict[int, tuple[str, int]]  # the JSON arrays, by source number: (path, size)
-    chunks: dict[int, list["JsonChunk"]]  # their chunks to scan, by source number
+    chunks: dict[int, list[JsonChunk]]  # their chunks to scan, by source number
     target: int  # the part size
 
     @property
-    def scans(self) -> list["JsonChunk"]:
+    def scans(self) -> list[JsonChunk]:
         return [chunk for found in self.chunks.values() for chunk in found]
 
     @classmethod

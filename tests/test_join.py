@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import packprep
-from packprep import pipeline, verification as verify_module, write as write_module
+from packprep import pipeline, write as write_module
 from packprep.pipeline import verify_folder
 from packprep.join import JoinError, join_pieces
 from packprep.layout import ROW_SCHEMA

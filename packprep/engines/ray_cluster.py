@@ -23,7 +23,6 @@ import logging
 import os
 import threading
 from collections import deque
-from typing import Any
 
 from ..errors import ConfigError
 from . import IN_FLIGHT_PER_WORKER, ForkedWorkers, ordered

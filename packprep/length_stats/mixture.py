@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..encode import REJECTED
+from ..fates import REJECTED
 from ..mix import Mixture, plan_selection
 from ..plan import DROPPED, EMPTIED, overlong_fates
 from .whatif import what_if

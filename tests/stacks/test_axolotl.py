@@ -26,7 +26,7 @@ pytest.importorskip("axolotl")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from packprep.training import PackingIsolationError, check_pipeline  # noqa: E402
+from packprep.training import check_pipeline  # noqa: E402
 from tests.stacks.conftest import (  # noqa: E402
     MAX_LEN, ROWS, assert_same, canonical_rows, export, one_by_one, per_sequence,
 )
