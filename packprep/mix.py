@@ -269,9 +269,15 @@ class Mixture:
     selection: Selection | None = None
 
     def select(self, records: np.ndarray, input_records: list[int], lengths: np.ndarray, seed: int) -> Selection:
-        """Plan the selection of the store's sequences (``records``: each one's input record number)."""
-        self.selection = plan_selection(self.sources, self.group_of(records, input_records), lengths, seed,
-                                        self.validation_size)
+        """Plan the selection of the store's sequences (``records``: each one's input record number). It is
+        drawn over records, so that every sequence of a record (``--turn-context exact`` gives several)
+        lands in the same split with the same copies; with one sequence a record, records are sequences."""
+        unique, sequence_of = np.unique(records, return_inverse=True)
+        tokens = np.bincount(sequence_of, weights=lengths, minlength=len(unique)).astype(np.int64)
+        drawn = plan_selection(self.sources, self.group_of(unique, input_records), tokens, seed, self.validation_size)
+        held = np.zeros(len(unique), bool)
+        held[drawn.validation] = True
+        self.selection = Selection.from_copies(drawn.copies(len(unique))[sequence_of], held[sequence_of])
         if not len(self.selection.train):
             raise ConfigError("the mixture leaves no record to train on (every weight is 0, or its sources have "
                               "no accepted record); give a source a weight above 0")
@@ -296,7 +302,8 @@ class Mixture:
             rows.append({
                 **source.describe(), "inputs": files, "sha256": [inputs[n]["sha256"] for n in files],
                 "records": sum(inputs[n]["records"] for n in files), "sequences": int(mine.sum()),
-                "validation_records": int((mine & held).sum()), "train_records": int((mine & (copies > 0)).sum()),
+                "validation_records": len(np.unique(records[mine & held])),
+                "train_records": len(np.unique(records[mine & (copies > 0)])),
                 "train_sequences": int(copies[mine].sum()), "train_tokens": int(tokens[number]),
                 "realized_share": round(int(tokens[number]) / total, 6),
             })

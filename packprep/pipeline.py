@@ -214,7 +214,7 @@ def write_output(tmp, store: TokenStore, ledger: Ledger, config: PackConfig, eng
         manifest["mixture"] = mixture.table(records, lengths, manifest["inputs"])
     if validation is not None:
         manifest["validation"] = {**validation, "size": mixture.validation_size, "members": membership(
-            np.sort(records[selection.validation]), input_starts([i["records"] for i in manifest["inputs"]]))}
+            np.unique(records[selection.validation]), input_starts([i["records"] for i in manifest["inputs"]]))}
     if layout.writes != FILES:
         manifest["config"]["shard_format"] = layout.shard_format(config.shard_format)
     manifest["layout"] = layout.name

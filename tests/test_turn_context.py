@@ -238,3 +238,32 @@ def test_repack_refuses_a_folder_whose_records_are_several_sequences(tmp_path, t
     with pytest.raises(ConfigError, match="pack again from the inputs"):
         repack(tmp_path / "out", tmp_path / "repacked", max_len=512)
     assert not (tmp_path / "repacked").exists()
+
+
+@needs_fixtures
+def test_a_validation_split_holds_out_whole_records_of_several_sequences(tmp_path, template_folder):
+    """``--validation-size`` and weights draw records, not sequences: every sequence of a record
+    (``--turn-context exact`` gives one a trained turn) lands in one split, with the same copies."""
+    import pyarrow.parquet as pq
+
+    inputs = tmp_path / "chats.jsonl"
+    inputs.write_text("".join(json.dumps(RECORDS["chat"]) + "\n" for _ in range(12)))  # 3 sequences each
+    mix = tmp_path / "mix.yaml"
+    mix.write_text(f"sources:\n  - path: {inputs}\n    weight: 1.5\n")
+    out = tmp_path / "out"
+    manifest = packprep.pack([], str(out), template_folder("qwen3"), max_len=256, num_proc=1, mix=str(mix),
+                             validation_size=4)
+    assert packprep.verify(str(out)).ok
+
+    def sources(split):
+        return [s for path in sorted((out / "data").glob(f"{split}-*.parquet"))
+                for row in pq.read_table(path).column("source_index").to_pylist() for s in row]
+
+    train, held = sources("train"), sources("validation")
+    assert sorted(set(held)) == manifest["validation"]["members"][0]["indices"] and len(set(held)) == 4
+    assert not set(train) & set(held)
+    assert sorted(held) == sorted(3 * sorted(set(held)))  # every sequence of each held-out record
+    copies = {record: train.count(record) for record in set(train)}
+    assert sorted(copies.values()) == [3] * 4 + [6] * 4  # 8 records at weight 1.5: 4 once, 4 twice
+    row = manifest["mixture"]["sources"][0]
+    assert (row["validation_records"], row["train_records"], row["train_sequences"]) == (4, 8, 36)
