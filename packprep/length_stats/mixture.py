@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..encode import REJECTED
+from ..fates import DROPPED, EMPTIED, REJECTED
 from ..mix import Mixture, plan_selection
-from ..plan import DROPPED, EMPTIED, overlong_fates
+from ..plan import overlong_fates
 from .whatif import what_if
 
 
