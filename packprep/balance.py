@@ -147,12 +147,11 @@ def step_efficiency(costs: np.ndarray, dp_size: int, rows_per_step: int = 1, sam
     steps = len(costs) // per_step
     if steps == 0:
         return 1.0
-    block = np.asarray(costs[: steps * per_step], dtype=np.float64).reshape(steps, rows_per_step, dp_size)
-    if sampler == "accelerate":
-        block = np.asarray(costs[: steps * per_step], dtype=np.float64).reshape(steps, dp_size, rows_per_step)
-        rank = block.sum(axis=2)
-    else:
-        rank = block.sum(axis=1)
+    whole = np.asarray(costs[: steps * per_step], dtype=np.float64)
+    if sampler == "accelerate":  # rank r's rows are consecutive
+        rank = whole.reshape(steps, dp_size, rows_per_step).sum(axis=2)
+    else:  # row j*N + r of the step is rank r's j-th
+        rank = whole.reshape(steps, rows_per_step, dp_size).sum(axis=1)
     return float(np.mean(rank.mean(axis=1) / rank.max(axis=1)))
 
 

@@ -40,9 +40,8 @@ class CostModel:
 
     def row_costs(self, entry_lengths, offsets) -> np.ndarray:
         """Cost of each row of a CSR layout: ``entry_lengths`` grouped by ``offsets`` (``n_rows + 1``)."""
-        lengths = np.asarray(entry_lengths, dtype=np.float64)
-        per_entry = self.per_token * lengths + self.per_square * lengths * lengths + self.per_sequence
-        sums = np.zeros(lengths.shape[0] + 1)
+        per_entry = self.sequence_costs(entry_lengths)
+        sums = np.zeros(per_entry.shape[0] + 1)
         np.cumsum(per_entry, out=sums[1:])
         offsets = np.asarray(offsets)
         return sums[offsets[1:]] - sums[offsets[:-1]]

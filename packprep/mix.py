@@ -123,9 +123,8 @@ def open_inputs(inputs: list[str], mix: str | None, validation_size: float | Non
     sources = load_mix(mix, inputs)
     if not sources:
         raise ConfigError("no input given: pass input files, or --mix with a mixture file")
-    mixture = Mixture(sources, [], validation_size)
-    files, mixture.groups = resolve_mix(sources)
-    return files, mixture
+    files, groups = resolve_mix(sources)
+    return files, Mixture(sources, groups, validation_size)
 
 
 def resolve_mix(mix: list[MixSource]) -> tuple[list[Source], list[int]]:

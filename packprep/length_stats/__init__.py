@@ -37,7 +37,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ..cost import model_cost
+from ..cost import CostModel, model_cost
 from ..encode import Encoding
 from ..ledger import Ledger, top_reasons
 from ..engines import make_engine
@@ -114,9 +114,10 @@ def stats(
     engine = make_engine("local", run.num_proc)
     collected = collect_inputs(encoding, tally, max_lens, engine, progress)
     lengths, supervised, turns = collected.lengths, collected.supervised, collected.turns
+    cost = model_cost(config.model_config)
     plan = dict(overlong=config.overlong, seed=config.seed, samples_per_row=config.samples_per_row,
                 partition_size=config.partition_size, global_batch_size=global_batch_size, epochs=epochs,
-                dp_size=dp_size, rows_per_step=rows_per_step, cost=model_cost(config.model_config))
+                dp_size=dp_size, rows_per_step=rows_per_step, cost=cost)
     if mixture is None:
         mixed, table = None, what_if(lengths, supervised, max_lens, strategies, supervised_within=collected.within,
                                      split_masked=collected.masked, **plan)
@@ -140,7 +141,7 @@ def stats(
         "turn_context": {"policy": config.turn_context, **tally.context_counts(), "policies": policies},
         "normalized": {name: tally.changes.get(name, 0) for name in CHANGES},
         **_length_sections(lengths, supervised, turns, max_lens),
-        "what_if": _what_if_section(config, global_batch_size, epochs, dp_size, rows_per_step, table),
+        "what_if": _what_if_section(config, global_batch_size, epochs, dp_size, rows_per_step, cost, table),
         **({"mixture": mixed} if mixture is not None else {}),
     }
 
@@ -160,7 +161,7 @@ def _length_sections(lengths, supervised, turns, max_lens) -> dict:
 
 
 def _what_if_section(config, global_batch_size: int, epochs: int, dp_size: int | None, rows_per_step: int,
-                     table: list) -> dict:
+                     cost: CostModel, table: list) -> dict:
     """The what-if table with the settings it was computed under."""
     return {
         "global_batch_size": int(global_batch_size),
@@ -168,7 +169,7 @@ def _what_if_section(config, global_batch_size: int, epochs: int, dp_size: int |
         "overlong": config.overlong,
         "seed": config.seed,
         **({"dp_size": int(dp_size), "rows_per_step": int(rows_per_step),
-            "cost_model": model_cost(config.model_config).as_dict()} if dp_size else {}),
+            "cost_model": cost.as_dict()} if dp_size else {}),
         "rows": table,
     }
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..fates import REJECTED
+from ..fates import DROPPED, EMPTIED, REJECTED
 from ..mix import Mixture, plan_selection
-from ..plan import DROPPED, EMPTIED, overlong_fates
+from ..plan import overlong_fates
 from .whatif import what_if
 
 
@@ -23,9 +23,8 @@ def mixture_what_if(mixture: Mixture, collected, tally, sources, max_lens: list[
     conversations, ``tally`` their ledger) under ``mixture``."""
     records = np.flatnonzero(np.frombuffer(tally.status, np.uint8) != REJECTED)  # each conversation's
     group_of = mixture.group_of(records, [source.records for source in sources])
-    rows, table = [], None
+    lengths, rows = collected.lengths, []
     for max_len in sorted(max_lens):
-        lengths = collected.lengths
         fates = overlong_fates(lengths, max_len, overlong, collected.within[max_len])
         kept = np.flatnonzero((fates != DROPPED) & (fates != EMPTIED))
         clipped = np.minimum(lengths, max_len) if overlong == "truncate" else lengths
@@ -35,7 +34,7 @@ def mixture_what_if(mixture: Mixture, collected, tally, sources, max_lens: list[
                         supervised_within={max_len: collected.within[max_len][train]},
                         split_masked={max_len: collected.masked[max_len][train]}, overlong=overlong, seed=seed,
                         **plan)
-        table = _table(mixture, group_of, lengths, kept, clipped, selection)
+    table = _table(mixture, group_of, lengths, kept, clipped, selection)  # the last: at the longest max_len
     return {"max_len": max(max_lens), "validation_size": mixture.validation_size, "sources": table}, rows
 
 

@@ -14,8 +14,9 @@ import numpy as np
 
 from ..balance import balance_bins, balance_summary, can_balance
 from ..cost import CostModel, model_cost
+from ..fates import TRUNCATED
 from ..packing import STRATEGY_TABLE, Bins, order_bins, split_pieces
-from ..plan import TRUNCATED, overlong_fates, plan_bins
+from ..plan import overlong_fates, plan_bins
 from ..settings import check_what_if
 
 DEFAULT_MAX_LENS = (1024, 2048, 4096, 8192, 16384)
