@@ -227,21 +227,21 @@ def write_output(tmp, store: TokenStore, ledger: Ledger, config: PackConfig, eng
 
 
 def _write_split(tmp, store: TokenStore, ledger: Ledger, config: PackConfig, engine: Engine, progress: bool,
-                 rounds: list[np.ndarray], layout, split: str = "validation") -> tuple[dict, list | None]:
-    """Pack and write the sequences ``rounds`` as ``split``'s shards; return its manifest entry, and
-    its shards' checks where ``layout``'s rows cannot be read back (else ``verify`` reads them)."""
+                 rounds: list[np.ndarray], layout, split: str = "validation") -> tuple[dict, list]:
+    """Pack and write the sequences ``rounds`` as ``split``'s shards; return its manifest entry and its
+    shards' checks (made as train's are: on the engine's workers)."""
     if layout.writes == FILES:
         raise ConfigError(f"layout {layout.name} writes files of its own, with no {split} split: pack without "
                           "--validation-size for it, or choose a layout of tables")
     segments = _segments(_pack(store, config, ledger, rounds), store)
-    check = None if layout.readable else _check_context(tmp, config, layout, len(ledger.status))
+    check = _check_context(tmp, config, layout, len(ledger.status))
     with Progress(progress, segments.offsets.size - 1, f"write {split}", "rows") as bar:
         shards, checked, _ = write_shards(tmp, store, segments, config.max_len, config.shard_format,
                                           parse_size(config.shard_size), bar, engine, check, split=split,
                                           layout=layout.name)
     return {"rows": int(segments.offsets.size - 1), "sequences": int(len(segments.item)),
             "tokens": {"total": sum(s["tokens"] for s in shards), "supervised": sum(s["supervised_tokens"] for s in shards)},
-            "shards": shards}, None if check is None else checked
+            "shards": shards}, checked
 
 
 def _check_context(tmp, config: PackConfig, layout, records: int) -> ShardContext:
