@@ -75,10 +75,7 @@ def pack(
     """
     config = PackConfig.from_settings(settings)
     run = RunOptions(engine, num_proc, ray_address)
-    layout = get_layout(layout)
-    if validation_size and layout.writes == FILES:
-        raise ConfigError(f"--layout {layout.name} writes files of its own, with no validation split: pack "
-                          "without --validation-size for it, or choose a layout of tables")
+    layout = _split_layout(layout, bool(validation_size))
     sources, mixture = open_inputs([inputs] if isinstance(inputs, str) else list(inputs), mix, validation_size)
     folder = OutputFolder(output, overwrite)
     folder.check()
@@ -103,7 +100,7 @@ def repack(folder, output, *, overwrite: bool = False, num_proc: int | None = No
     old = read_manifest(source)
     readable_layout(old.get("layout"), where=f"{source}: ")
     config = repack_config(old["config"], settings)
-    layout = get_layout(layout or old.get("layout") or DEFAULT_LAYOUT)
+    layout = _split_layout(layout or old.get("layout") or DEFAULT_LAYOUT, bool(old.get("validation")))
     target = OutputFolder(output, overwrite)
     check_target(source, target)
     engine = make_engine("local", run.num_proc)
@@ -135,6 +132,15 @@ def repack(folder, output, *, overwrite: bool = False, num_proc: int | None = No
             return manifest
     finally:
         engine.close()
+
+
+def _split_layout(name, validation: bool):
+    """The layout, refused before any work where a validation split is wanted and it writes files of its own."""
+    layout = get_layout(name)
+    if validation and layout.writes == FILES:
+        raise ConfigError(f"--layout {layout.name} writes files of its own, with no validation split: pack "
+                          "without --validation-size for it, or choose a layout of tables")
+    return layout
 
 
 def _counted(results, bar: Progress):
@@ -230,9 +236,6 @@ def _write_split(tmp, store: TokenStore, ledger: Ledger, config: PackConfig, eng
                  rounds: list[np.ndarray], layout, split: str = "validation") -> tuple[dict, list]:
     """Pack and write the sequences ``rounds`` as ``split``'s shards; return its manifest entry and its
     shards' checks (made as train's are: on the engine's workers)."""
-    if layout.writes == FILES:
-        raise ConfigError(f"layout {layout.name} writes files of its own, with no {split} split: pack without "
-                          "--validation-size for it, or choose a layout of tables")
     segments = _segments(_pack(store, config, ledger, rounds), store)
     check = _check_context(tmp, config, layout, len(ledger.status))
     with Progress(progress, segments.offsets.size - 1, f"write {split}", "rows") as bar:
