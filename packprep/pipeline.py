@@ -21,10 +21,11 @@ from . import __version__
 from .balance import balance_bins, balance_summary
 from .card import length_histograms, render_card
 from .cost import model_cost
-from .encode import FATES, PACKED, REJECTED, SPLIT, Encoding
+from .encode import Encoding
 from .ledger import Ledger, top_reasons
 from .engines import TASKS_PER_WORKER, Engine, LocalEngine, make_engine, runs_per_item
 from .errors import ConfigError, InputError
+from .fates import FATES, PACKED, REJECTED, SPLIT
 from .layout import DEFAULT_LAYOUT, FILES, LayoutContext, get_layout, readable_layout
 from .materialize import PackSink, Segments, TokenStore
 from .normalize import CHANGES

@@ -27,13 +27,13 @@ from pathlib import Path
 
 import numpy as np
 
-from .encode import PACKED, REJECTED, TRUNCATED
 from .errors import ConfigError
+from .fates import DROPPED, EMPTIED, PACKED, REJECTED, TRUNCATED
 from .layout import IGNORE_INDEX, ShardReader, list_column
 from .ledger import Ledger
 from .materialize import Spilled, TokenStore, spill_path
 from .mix import UNSAMPLED, MixSource, Mixture
-from .plan import DROPPED, EMPTIED, TRUNCATED as CUT, overlong_fates
+from .plan import overlong_fates
 from .write import OutputFolder
 
 TOKEN_COLUMNS = ("ids", "labels")  # the token store's two files (materialize.spill_path)
@@ -190,7 +190,7 @@ def place(cache: Path, shards: StoredShards, stored: Stored, fates: np.ndarray, 
     them: the workers of pass 2 write into many files, not all into one (a file takes one write at
     a time)."""
     items = np.flatnonzero(kept(fates))
-    lengths = np.where(fates[items] == CUT, max_len, stored.lengths[items])
+    lengths = np.where(fates[items] == TRUNCATED, max_len, stored.lengths[items])
     at = np.zeros(len(items), np.int64)
     np.cumsum(lengths[:-1], out=at[1:])
     part = np.unique(at * parts // max(1, int(lengths.sum())), return_inverse=True)[1].astype(np.int64)
@@ -309,7 +309,7 @@ def _status(old: dict, stored: Stored, fates: np.ndarray, keep: np.ndarray, conf
         longest = np.flatnonzero(stored.lengths == before)[: old["counts"]["truncated"]]
         status[stored.records[longest]] = TRUNCATED
     elif config.overlong == "truncate":  # every one cut at the old length is cut at this one too
-        status[stored.records[fates == CUT]] = TRUNCATED
+        status[stored.records[fates == TRUNCATED]] = TRUNCATED
     status[[entry["source_index"] for entry in rejects]] = REJECTED
     return bytearray(status.tobytes())
 
