@@ -22,10 +22,10 @@ from .balance import balance_bins, balance_summary
 from .card import length_histograms, render_card
 from .cost import model_cost
 from .encode import Encoding
-from .fates import FATES, PACKED, REJECTED, SPLIT
 from .ledger import Ledger, top_reasons
 from .engines import TASKS_PER_WORKER, Engine, LocalEngine, make_engine, runs_per_item
 from .errors import ConfigError, InputError
+from .fates import FATES, PACKED, REJECTED, SPLIT
 from .layout import DEFAULT_LAYOUT, FILES, LayoutContext, get_layout, readable_layout
 from .materialize import PackSink, Segments, TokenStore
 from .normalize import CHANGES
@@ -76,10 +76,7 @@ def pack(
     """
     config = PackConfig.from_settings(settings)
     run = RunOptions(engine, num_proc, ray_address)
-    layout = get_layout(layout)
-    if validation_size and layout.writes == FILES:
-        raise ConfigError(f"--layout {layout.name} writes files of its own, with no validation split: pack "
-                          "without --validation-size for it, or choose a layout of tables")
+    layout = _split_layout(layout, bool(validation_size))
     sources, mixture = open_inputs([inputs] if isinstance(inputs, str) else list(inputs), mix, validation_size)
     folder = OutputFolder(output, overwrite)
     folder.check()
@@ -104,7 +101,7 @@ def repack(folder, output, *, overwrite: bool = False, num_proc: int | None = No
     old = read_manifest(source)
     readable_layout(old.get("layout"), where=f"{source}: ")
     config = repack_config(old["config"], settings)
-    layout = get_layout(layout or old.get("layout") or DEFAULT_LAYOUT)
+    layout = _split_layout(layout or old.get("layout") or DEFAULT_LAYOUT, bool(old.get("validation")))
     target = OutputFolder(output, overwrite)
     check_target(source, target)
     engine = make_engine("local", run.num_proc)
@@ -136,6 +133,15 @@ def repack(folder, output, *, overwrite: bool = False, num_proc: int | None = No
             return manifest
     finally:
         engine.close()
+
+
+def _split_layout(name, validation: bool):
+    """The layout, refused before any work where a validation split is wanted and it writes files of its own."""
+    layout = get_layout(name)
+    if validation and layout.writes == FILES:
+        raise ConfigError(f"--layout {layout.name} writes files of its own, with no validation split: pack "
+                          "without --validation-size for it, or choose a layout of tables")
+    return layout
 
 
 def _counted(results, bar: Progress):
@@ -228,21 +234,18 @@ def write_output(tmp, store: TokenStore, ledger: Ledger, config: PackConfig, eng
 
 
 def _write_split(tmp, store: TokenStore, ledger: Ledger, config: PackConfig, engine: Engine, progress: bool,
-                 rounds: list[np.ndarray], layout, split: str = "validation") -> tuple[dict, list | None]:
-    """Pack and write the sequences ``rounds`` as ``split``'s shards; return its manifest entry, and
-    its shards' checks where ``layout``'s rows cannot be read back (else ``verify`` reads them)."""
-    if layout.writes == FILES:
-        raise ConfigError(f"layout {layout.name} writes files of its own, with no {split} split: pack without "
-                          "--validation-size for it, or choose a layout of tables")
+                 rounds: list[np.ndarray], layout, split: str = "validation") -> tuple[dict, list]:
+    """Pack and write the sequences ``rounds`` as ``split``'s shards; return its manifest entry and its
+    shards' checks (made as train's are: on the engine's workers)."""
     segments = _segments(_pack(store, config, ledger, rounds), store)
-    check = None if layout.readable else _check_context(tmp, config, layout, len(ledger.status))
+    check = _check_context(tmp, config, layout, len(ledger.status))
     with Progress(progress, segments.offsets.size - 1, f"write {split}", "rows") as bar:
         shards, checked, _ = write_shards(tmp, store, segments, config.max_len, config.shard_format,
                                           parse_size(config.shard_size), bar, engine, check, split=split,
                                           layout=layout.name)
     return {"rows": int(segments.offsets.size - 1), "sequences": int(len(segments.item)),
             "tokens": {"total": sum(s["tokens"] for s in shards), "supervised": sum(s["supervised_tokens"] for s in shards)},
-            "shards": shards}, None if check is None else checked
+            "shards": shards}, checked
 
 
 def _check_context(tmp, config: PackConfig, layout, records: int) -> ShardContext:

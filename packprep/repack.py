@@ -27,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .fates import DROPPED, EMPTIED, PACKED, REJECTED, TRUNCATED
 from .errors import ConfigError
+from .fates import DROPPED, EMPTIED, PACKED, REJECTED, TRUNCATED
 from .layout import IGNORE_INDEX, ShardReader, list_column
 from .ledger import Ledger
 from .materialize import Spilled, TokenStore, spill_path

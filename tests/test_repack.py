@@ -105,6 +105,9 @@ def test_repack_of_a_mixture_and_validation_split_equals_pack(tmp_path):
         repack(tmp_path / "old", tmp_path / "other-seed", seed=6)
     with pytest.raises(ConfigError, match="would be cut at --max-len 1024"):  # shares drawn from other lengths
         repack(tmp_path / "old", tmp_path / "shorter", max_len=1024)
+    with pytest.raises(ConfigError, match="megatron writes files of its own, with no validation split"):
+        repack(tmp_path / "old", tmp_path / "megatron", layout="megatron")  # before any pass over the shards
+    assert not (tmp_path / "megatron").exists()
 
 
 @needs_fixtures
