@@ -12,3 +12,4 @@ too), or one of two rejections, whose record becomes ``REJECTED`` with the reaso
 FATES = ("packed", "truncated", "split", "rejected")  # a record's fate, by its code: the manifest's counts
 PACKED, TRUNCATED, SPLIT, REJECTED = range(len(FATES))
 DROPPED, EMPTIED = len(FATES), len(FATES) + 1  # the --overlong rule's rejections (their records: REJECTED)
+UNSAMPLED = len(FATES) + 2  # a ledger status beside FATES: an accepted record a mixture left out (mix.py)

@@ -29,7 +29,6 @@ from .read import Source, resolve_inputs
 from .settings import check_choice, check_validation_size
 
 MIX_KEYS = ("path", "name", "weight", "share", "format", "messages_field")
-UNSAMPLED = 4  # a ledger status beside encode.FATES: an accepted record the mixture left out
 SHARE_TOLERANCE = 1e-6
 
 

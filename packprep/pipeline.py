@@ -25,14 +25,14 @@ from .encode import Encoding
 from .ledger import Ledger, top_reasons
 from .engines import TASKS_PER_WORKER, Engine, LocalEngine, make_engine, runs_per_item
 from .errors import ConfigError, InputError
-from .fates import FATES, PACKED, REJECTED, SPLIT
+from .fates import FATES, PACKED, REJECTED, SPLIT, UNSAMPLED
 from .layout import DEFAULT_LAYOUT, FILES, LayoutContext, get_layout, readable_layout
 from .materialize import PackSink, Segments, TokenStore
 from .normalize import CHANGES
 from .packing import STRATEGY_TABLE, Bins, lower_bound, order_bins
 from .plan import plan_bins
 from .progress import Progress
-from .mix import UNSAMPLED, Mixture, Selection, input_starts, open_inputs, plan_rounds
+from .mix import Mixture, Selection, input_starts, open_inputs, plan_rounds
 from .json_scan import scan_json_chunk
 from .parts import Part, PartPlan
 from .read import Source, file_sha256

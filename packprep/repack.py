@@ -28,11 +28,11 @@ from pathlib import Path
 import numpy as np
 
 from .errors import ConfigError
-from .fates import DROPPED, EMPTIED, PACKED, REJECTED, TRUNCATED
+from .fates import DROPPED, EMPTIED, PACKED, REJECTED, TRUNCATED, UNSAMPLED
 from .layout import IGNORE_INDEX, ShardReader, list_column
 from .ledger import Ledger
 from .materialize import Spilled, TokenStore, spill_path
-from .mix import UNSAMPLED, MixSource, Mixture
+from .mix import MixSource, Mixture
 from .plan import overlong_fates
 from .write import OutputFolder
 
