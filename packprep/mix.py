@@ -192,6 +192,19 @@ def plan_selection(mix: list[MixSource], group_of: np.ndarray, lengths: np.ndarr
     return Selection.from_copies(copies, held_out)
 
 
+def plan_by_record(mix: list[MixSource], records: np.ndarray, group_of: np.ndarray, lengths: np.ndarray, seed: int,
+                   validation_size: float | None) -> Selection:
+    """:func:`plan_selection` drawn over records (``records``: each sequence's input record, ascending), so
+    that every sequence of a record (``--turn-context exact`` gives several) lands in the same split with
+    the same copies; with one sequence a record, it is ``plan_selection`` itself."""
+    unique, first, sequence_of = np.unique(records, return_index=True, return_inverse=True)
+    tokens = np.bincount(sequence_of, weights=lengths, minlength=len(unique)).astype(np.int64)
+    drawn = plan_selection(mix, group_of[first], tokens, seed, validation_size)
+    held = np.zeros(len(unique), bool)
+    held[drawn.validation] = True
+    return Selection.from_copies(drawn.copies(len(unique))[sequence_of], held[sequence_of])
+
+
 def _rng(seed: int, number: int) -> np.random.Generator:
     return np.random.default_rng([seed, 0x6D6978, number])  # "mix"
 
@@ -267,15 +280,9 @@ class Mixture:
     selection: Selection | None = None
 
     def select(self, records: np.ndarray, input_records: list[int], lengths: np.ndarray, seed: int) -> Selection:
-        """Plan the selection of the store's sequences (``records``: each one's input record number). It is
-        drawn over records, so that every sequence of a record (``--turn-context exact`` gives several)
-        lands in the same split with the same copies; with one sequence a record, records are sequences."""
-        unique, sequence_of = np.unique(records, return_inverse=True)
-        tokens = np.bincount(sequence_of, weights=lengths, minlength=len(unique)).astype(np.int64)
-        drawn = plan_selection(self.sources, self.group_of(unique, input_records), tokens, seed, self.validation_size)
-        held = np.zeros(len(unique), bool)
-        held[drawn.validation] = True
-        self.selection = Selection.from_copies(drawn.copies(len(unique))[sequence_of], held[sequence_of])
+        """Plan the selection of the store's sequences (``records``: each one's input record number)."""
+        self.selection = plan_by_record(self.sources, records, self.group_of(records, input_records), lengths, seed,
+                                        self.validation_size)
         if not len(self.selection.train):
             raise ConfigError("the mixture leaves no record to train on (every weight is 0, or its sources have "
                               "no accepted record); give a source a weight above 0")

@@ -267,3 +267,7 @@ def test_a_validation_split_holds_out_whole_records_of_several_sequences(tmp_pat
     assert sorted(copies.values()) == [3] * 4 + [6] * 4  # 8 records at weight 1.5: 4 once, 4 twice
     row = manifest["mixture"]["sources"][0]
     assert (row["validation_records"], row["train_records"], row["train_sequences"]) == (4, 8, 36)
+    predicted = packprep.stats([], template_folder("qwen3"), max_lens=[256], num_proc=1, mix=str(mix),
+                               validation_size=4)["mixture"]["sources"][0]
+    assert (predicted["conversations"], predicted["validation_records"]) == (12, 4)
+    assert predicted["train_sequences"] == row["train_sequences"]  # stats draws as pack does

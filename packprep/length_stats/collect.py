@@ -35,6 +35,7 @@ class InputLengths:
     turns: np.ndarray  # messages of each accepted conversation (a plain-text record counts as 1)
     within: dict[int, np.ndarray]  # per max_len L: supervised tokens within the first L tokens
     masked: dict[int, np.ndarray]  # per max_len L: trained labels at L, 2L, ... (first labels of pieces)
+    sequences: np.ndarray  # sequences of each accepted conversation (turn_context exact: one a trained turn)
 
 
 def collect_inputs(encoding: Encoding, ledger: Ledger, max_lens: list[int], engine: "Engine",
@@ -49,7 +50,7 @@ def collect_inputs(encoding: Encoding, ledger: Ledger, max_lens: list[int], engi
     join = lambda arrays: np.concatenate([np.zeros(0, np.int64)] + arrays)  # noqa: E731
     return InputLengths(join([p.lengths for p in parts]), join([p.supervised for p in parts]),
                         join([p.turns for p in parts]), {m: join([p.within[m] for p in parts]) for m in max_lens},
-                        {m: join([p.masked[m] for p in parts]) for m in max_lens})
+                        {m: join([p.masked[m] for p in parts]) for m in max_lens}, join([p.sequences for p in parts]))
 
 
 class LengthSink:
@@ -60,6 +61,7 @@ class LengthSink:
         self.lengths: list[int] = []
         self.supervised: list[int] = []
         self.turns: list[int] = []
+        self.sequences: list[int] = []
         self.within: dict[int, list[int]] = {m: [] for m in max_lens}
         self.masked: dict[int, list[int]] = {m: [] for m in max_lens}
 
@@ -72,6 +74,7 @@ class LengthSink:
                 continue
             ledger.keep(conversation, item)
             self.turns.append(len(conversation.messages) if conversation.messages is not None else 1)
+            self.sequences.append(len(item.sequences))
             for ids, labels in item.sequences:  # a conversation may be several sequences (turn_context exact)
                 trained = labels != IGNORE_INDEX
                 trained[0] = False  # a packed sequence's first label is always -100
@@ -91,7 +94,7 @@ class LengthSink:
         as_array = lambda values: np.asarray(values, dtype=np.int64)  # noqa: E731
         return InputLengths(as_array(self.lengths), as_array(self.supervised), as_array(self.turns),
                             {m: as_array(v) for m, v in self.within.items()},
-                            {m: as_array(v) for m, v in self.masked.items()})
+                            {m: as_array(v) for m, v in self.masked.items()}, as_array(self.sequences))
 
 
 def turn_context_costs(encoding: Encoding, ledger: Ledger, collected: InputLengths, engine: "Engine",
