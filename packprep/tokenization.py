@@ -16,12 +16,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .control_text import ControlText, encode_with_markup, first_tokens
+from .control_text import ControlText, encode_with_markup, first_tokens, render_record
 from .errors import ConfigError, PackprepError
 from .layout import IGNORE_INDEX
 from .timelimit import RenderTimeout, time_limit
 from .normalize import Conversation, Rejected
-from .render import Rendered, render_conversation, template_source
+from .render import Rendered, template_source
 from .render_onepass import choose_template
 
 TRAIN_ON = ("assistant", "last", "all")
@@ -201,20 +201,10 @@ class ChatEncoder:
         """The conversation rendered, in at most ``render_timeout`` seconds (else Rejected)."""
         try:
             with time_limit(self.render_timeout):
-                return self._render(conversation)
+                return render_record(self.template, conversation, self.train_on, self.turn_context, self._control)
         except RenderTimeout:
             raise Rejected(f"the chat template did not finish rendering this record in {self.render_timeout:g} s "
                            "(--render-timeout)", "render_timeout") from None
-
-    def _render(self, conversation: Conversation) -> Rendered:
-        template = self.template.with_variables(conversation.template_kwargs)
-
-        def render(c: Conversation) -> Rendered:
-            return render_conversation(template, c, self.train_on, self.turn_context)
-
-        if self._control is not None and self._control.spells(conversation):
-            return self._control.render(render, conversation)
-        return render(conversation)
 
     def encode(self, conversations: Sequence[Conversation]) -> list[Encoded | Rejected]:
         """Encode a batch; a conversation that cannot be encoded becomes a ``Rejected`` in place."""
