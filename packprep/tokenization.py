@@ -121,7 +121,7 @@ class ChatEncoder:
         if backend != "hf" and hasattr(tokenizer, "hash_in_background"):
             tokenizer.hash_in_background()  # the cache key, hashed while the template compiles
         self.render_timeout = render_timeout  # seconds a record's rendering may take (timelimit.py)
-        with self.probing(tokenizer):
+        with self.probing():
             # the one-pass accelerator where it agrees with the reference; variables: template_inputs.py
             self.template = choose_template(tokenizer, variables)
         self.requested_backend = backend
@@ -142,13 +142,13 @@ class ChatEncoder:
         self._post = None  # what add_special_tokens=True adds around a text, for control_text.encode_with_markup
 
     @contextmanager
-    def probing(self, tokenizer=None):
+    def probing(self):
         """A block that renders the start-up probes: a template that does not finish them stops the run."""
         try:
             with time_limit(self.render_timeout):
                 yield
         except RenderTimeout:
-            name = getattr(tokenizer or self.tokenizer, "name_or_path", "the tokenizer")
+            name = getattr(self.tokenizer, "name_or_path", "the tokenizer")
             raise ConfigError(f"the chat template of {name} did not finish rendering a two-message probe "
                               f"conversation in {self.render_timeout:g} s (--render-timeout): it may loop without "
                               "end; fix the template or pass a tokenizer with another") from None
