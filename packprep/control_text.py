@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from .normalize import Conversation, Rejected
-from .render import Rendered
+from .render import Rendered, render_conversation
 
 MODES = ("text", "special")  # content spelling a control token: plain text (default), or the token
 
@@ -121,6 +121,20 @@ class ControlText:
         markup = [(moved(m.start()), moved(m.end())) for m in self._find.finditer(text)]
         spans = [(moved(a), moved(b)) for a, b in rendered.spans]
         return replace(rendered, text=final, spans=spans, markup=markup)
+
+
+def render_record(template, conversation: Conversation, train_on: str, turn_context: str,
+                  control: ControlText | None) -> Rendered:
+    """The conversation rendered with its own template variables; where ``control`` is given and its
+    strings spell a special token, with that text kept as text (pack and retokenize render alike)."""
+    template = template.with_variables(conversation.template_kwargs)
+
+    def render(c: Conversation) -> Rendered:
+        return render_conversation(template, c, train_on, turn_context)
+
+    if control is not None and control.spells(conversation):
+        return control.render(render, conversation)
+    return render(conversation)
 
 
 def encode_with_markup(hf, rendered: Rendered, tokens: dict, post: tuple[list[int], list[int]]):

@@ -22,9 +22,9 @@ from .layout import IGNORE_INDEX, ShardReader
 from .normalize import FieldNames, Policy, Rejected, detect_format, fit_to_template, normalize
 from .parts import stream_records
 from .read import file_sha256, resolve_inputs
-from .control_text import ControlText
+from .control_text import ControlText, render_record
 from .encode import chosen_record
-from .render import ChatTemplate, Rendered, render_conversation
+from .render import ChatTemplate, Rendered
 from .template_inputs import DEFAULT_DATE, prepare_template
 from .tokenization import load_tokenizer
 
@@ -146,13 +146,7 @@ def _remake(found, fields, policy, forced, template, tokenizer, train_on, turn_c
     fmt = forced or detect_format(data, fields) or fmt.split("+")[0]  # told per record, as pack tells it
     try:
         conversation = normalize(data, fmt, fields, policy)
-        template = template.with_variables(conversation.template_kwargs)
-
-        def render(c):
-            return render_conversation(template, c, train_on, turn_context)
-
-        rendered = control.render(render, conversation) if control is not None and control.spells(conversation) \
-            else render(conversation)
+        rendered = render_record(template, conversation, train_on, turn_context, control)
     except Rejected as exc:
         return f"the record is rejected when rendered again ({exc})"
     return [_labelled(r, tokenizer) for r in (*rendered.earlier, rendered)]

@@ -16,12 +16,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .control_text import ControlText, encode_with_markup, first_tokens
+from .control_text import ControlText, encode_with_markup, first_tokens, render_record
 from .errors import ConfigError, PackprepError
 from .layout import IGNORE_INDEX
 from .timelimit import RenderTimeout, time_limit
 from .normalize import Conversation, Rejected
-from .render import Rendered, render_conversation, template_source
+from .render import Rendered, template_source
 from .render_onepass import choose_template
 
 TRAIN_ON = ("assistant", "last", "all")
@@ -121,7 +121,7 @@ class ChatEncoder:
         if backend != "hf" and hasattr(tokenizer, "hash_in_background"):
             tokenizer.hash_in_background()  # the cache key, hashed while the template compiles
         self.render_timeout = render_timeout  # seconds a record's rendering may take (timelimit.py)
-        with self.probing(tokenizer):
+        with self.probing():
             # the one-pass accelerator where it agrees with the reference; variables: template_inputs.py
             self.template = choose_template(tokenizer, variables)
         self.requested_backend = backend
@@ -142,13 +142,13 @@ class ChatEncoder:
         self._post = None  # what add_special_tokens=True adds around a text, for control_text.encode_with_markup
 
     @contextmanager
-    def probing(self, tokenizer=None):
+    def probing(self):
         """A block that renders the start-up probes: a template that does not finish them stops the run."""
         try:
             with time_limit(self.render_timeout):
                 yield
         except RenderTimeout:
-            name = getattr(tokenizer or self.tokenizer, "name_or_path", "the tokenizer")
+            name = getattr(self.tokenizer, "name_or_path", "the tokenizer")
             raise ConfigError(f"the chat template of {name} did not finish rendering a two-message probe "
                               f"conversation in {self.render_timeout:g} s (--render-timeout): it may loop without "
                               "end; fix the template or pass a tokenizer with another") from None
@@ -201,20 +201,10 @@ class ChatEncoder:
         """The conversation rendered, in at most ``render_timeout`` seconds (else Rejected)."""
         try:
             with time_limit(self.render_timeout):
-                return self._render(conversation)
+                return render_record(self.template, conversation, self.train_on, self.turn_context, self._control)
         except RenderTimeout:
             raise Rejected(f"the chat template did not finish rendering this record in {self.render_timeout:g} s "
                            "(--render-timeout)", "render_timeout") from None
-
-    def _render(self, conversation: Conversation) -> Rendered:
-        template = self.template.with_variables(conversation.template_kwargs)
-
-        def render(c: Conversation) -> Rendered:
-            return render_conversation(template, c, self.train_on, self.turn_context)
-
-        if self._control is not None and self._control.spells(conversation):
-            return self._control.render(render, conversation)
-        return render(conversation)
 
     def encode(self, conversations: Sequence[Conversation]) -> list[Encoded | Rejected]:
         """Encode a batch; a conversation that cannot be encoded becomes a ``Rejected`` in place."""

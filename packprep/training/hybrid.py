@@ -42,7 +42,8 @@ def register_packed_layers(model) -> dict[str, str]:
     """
     from .isolation import PackingIsolationError, check_isolation
 
-    uncovered = [(name, m) for name, m in stateful_layers(model) if layer_type_of(m) is None]
+    layers = stateful_layers(model)
+    uncovered = [(name, m) for name, m in layers if layer_type_of(m) is None]
     if uncovered:
         name, module = uncovered[0]
         raise PackingIsolationError(
@@ -52,7 +53,7 @@ def register_packed_layers(model) -> dict[str, str]:
             "(packprep.training.collate_padded, or `packprep pack --strategy pad`)."
         )
     used: dict[str, str] = {}
-    for _, module in stateful_layers(model):
+    for _, module in layers:
         layer = layer_type_of(module)
         _install(sys.modules[type(module).__module__], layer)
         on_gpu = next(module.parameters()).is_cuda

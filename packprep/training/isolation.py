@@ -16,6 +16,7 @@ import torch
 
 from ..layout import IGNORE_INDEX
 from .collate import collate_packed
+from .layers import describe, layer_type_of, stateful_layers
 from .order import check_order
 
 
@@ -108,9 +109,7 @@ class _Probe:
         }
 
     def run(self, batch: dict, kwargs: Mapping[str, Any]) -> torch.Tensor:
-        call = {k: (v.to(self.device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
-        call.update({k: (v.to(self.device) if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()})
-        out = _refusing_forward(self.model, call, "packed sequences are NOT isolated: ")
+        out = _refusing_forward(self.model, _on({**batch, **kwargs}, self.device), "packed sequences are NOT isolated: ")
         logits = out.logits if hasattr(out, "logits") else out[0]
         return logits[0].float()
 
@@ -435,8 +434,6 @@ def _refusing_forward(model, batch, head: str):
     except ValueError as exc:
         if "packed sequences" not in str(exc):
             raise
-        from .layers import describe, stateful_layers
-
         kinds = sorted({describe(module) for _, module in stateful_layers(model)})
         raise PackingIsolationError(
             head + f"transformers refuses the batch's sequence boundaries in the model's {', '.join(kinds)} layers "
@@ -492,8 +489,6 @@ def _first_leaking_part(model, packed: Mapping[str, Any], alone: Sequence[Mappin
 
 def _layer_cause(model, packed, alone, spans) -> str | None:
     """The message naming the recurrent/convolutional layer type that mixes the packed sequences, if one does."""
-    from .layers import describe, layer_type_of, stateful_layers
-
     found = _first_leaking_part(model, packed, alone, spans)
     inside = stateful_layers(found[1]) if found else []
     if not inside:
