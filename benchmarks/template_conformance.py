@@ -35,7 +35,7 @@ KEYS = ("turns", "trained", "missed", "turns_policy", "turns_unrenderable", "rej
         "reasoning_traces", "reasoning_lost")
 
 
-def run(templates, shapes, count, cache: Path, settings: dict) -> dict:
+def run(templates, shapes, count, cache: Path, settings: dict, save=None) -> dict:
     results = {}
     for name in templates:
         start = time.perf_counter()
@@ -51,6 +51,8 @@ def run(templates, shapes, count, cache: Path, settings: dict) -> dict:
         print(f"{name:28s} trained {totals['trained']:4d}/{totals['turns']:4d}  missed {totals['missed']:4d}  "
               f"rejected-renderable {totals['rejected_renderable']:3d}  {result['seconds']:6.1f}s"
               + (f"  ERROR {result['error'][:80]}" if "error" in result else ""), flush=True)
+        if save:
+            save(results)  # after each template: a long run's tables so far are on disk
     return results
 
 
@@ -123,12 +125,14 @@ def main(argv=None):
     settings = {"reasoning": args.reasoning} if args.reasoning else {}
     templates, shapes = args.templates.split(","), args.shapes.split(",")
     cache = Path(args.cache or tempfile.mkdtemp(prefix="zoo-folders-"))
-    results = run(templates, shapes, args.count, cache, settings)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    report = {"count": args.count, "settings": settings, "shapes": shapes, "templates": results}
-    (out / "template_conformance.json").write_text(json.dumps(report, indent=1, ensure_ascii=False, default=dict))
-    (out / "template_conformance.md").write_text(markdown(results, shapes, args.count, settings))
+
+    def save(results):
+        report = {"count": args.count, "settings": settings, "shapes": shapes, "templates": results}
+        (out / "template_conformance.json").write_text(json.dumps(report, indent=1, ensure_ascii=False, default=dict))
+        (out / "template_conformance.md").write_text(markdown(results, shapes, args.count, settings))
+    save(run(templates, shapes, args.count, cache, settings, save))
     print(f"wrote {out / 'template_conformance.md'}")
 
 

@@ -23,6 +23,8 @@ pytestmark = [pytest.mark.slow, needs_fixtures]
 HISTORY_INLINE = "reasoning inlined into the history: later turns' contexts differ from the template's rendering"
 JOINT = "context tokenized with its target: the prompt's trailing '\\n' merges with the target's '\\n'"
 DEVELOPER = "the developer role is rejected (unknown_role) though the template renders it"
+MOVED = ("the template moves the system prompt to the last user turn: earlier turns get no sequence that starts "
+         "with their inference context")
 NOT_PREFIX = "a generation prompt the finished turn does not write is refused (template_not_prefix_stable)"
 
 
@@ -37,7 +39,7 @@ CASES = [
     ("llama-3.1", "reasoning_content", known(HISTORY_INLINE)),
     ("deepseek-r1-distill-qwen", "chat", known(JOINT)), ("deepseek-r1-distill-qwen", "think_inline", ()),
     ("gemma-4", "chat", known(NOT_PREFIX)),
-    ("mistral-nemo", "system", ()),
+    ("mistral-nemo", "chat", ()), ("mistral-nemo", "system", known(MOVED)),
 ]
 SHAPES_OF = {}
 for _template, _shape, _ in CASES:
