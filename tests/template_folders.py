@@ -155,7 +155,7 @@ ZOO_TEMPLATES = TEMPLATES / "zoo"
 # The control strings a template writes: <|im_start|>, <｜User｜>, [INST], <start_of_turn>, <seed:think>,
 # Gemma 4's <|turn>/<turn|>, MiniMax's ]~b], and the XML-like tags reasoning/tool templates use as tokens.
 CONTROL = re.compile(
-    r"<\|[^|<>\s'\"{}]{1,40}\|>|<\|\"\|>|<｜[^｜\s'\"]{1,40}｜>|\[[A-Z][A-Z_]{1,30}\]|\[gMASK\]|<sop>"
+    r"<\|[^|<>\s'\"{}]{1,40}\|>|<\|\"\|>|<｜[^｜\s'\"]{1,40}｜>|\[/?[A-Z][A-Z_]{1,30}\]|\[gMASK\]|<sop>"
     r"|<(?:start|end)_of_turn>|</?seed:[a-z_]+>|<\|[a-z_]+>|<[a-z_]+\|>|<SPECIAL_\d+>|<sep>|\]~!?b[\[\]]|\[e~\["
     r"|</?(?:think|thinking|tool_call|tool_calls|tool_response|tools|arg_key|arg_value|available_tools)>")
 PLAIN = re.compile(r"</?[a-z_]+>")  # tag-like strings are added as non-special tokens, as Qwen3's <think>

@@ -25,6 +25,8 @@ JOINT = "context tokenized with its target: the prompt's trailing '\\n' merges w
 DEVELOPER = "the developer role is rejected (unknown_role) though the template renders it"
 MOVED = ("the template moves the system prompt to the last user turn: earlier turns get no sequence that starts "
          "with their inference context")
+TOOL_PROBE = ("the tool-call probe renders without tools: a template that needs them is judged to render no calls, "
+              "so calls become bare JSON text")
 NOT_PREFIX = "a generation prompt the finished turn does not write is refused (template_not_prefix_stable)"
 
 
@@ -40,6 +42,7 @@ CASES = [
     ("deepseek-r1-distill-qwen", "chat", known(JOINT)), ("deepseek-r1-distill-qwen", "think_inline", ()),
     ("gemma-4", "chat", known(NOT_PREFIX)),
     ("mistral-nemo", "chat", ()), ("mistral-nemo", "system", known(MOVED)),
+    ("hermes-3", "tools_dict", known(TOOL_PROBE)), ("gpt-oss", "thinking", ()),
 ]
 SHAPES_OF = {}
 for _template, _shape, _ in CASES:
@@ -52,7 +55,7 @@ def conformance(tmp_path_factory):
 
     @lru_cache(maxsize=None)
     def run(template):
-        return check_template(template, str(build_zoo_folder(template, root / template)), SHAPES_OF[template], 2)
+        return check_template(template, str(build_zoo_folder(template, root / template)), SHAPES_OF[template], 1)
     return run
 
 

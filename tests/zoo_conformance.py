@@ -19,6 +19,7 @@ per reasoning trace: whether its text is in trained tokens, against the manifest
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -42,7 +43,8 @@ def pack_and_read(folder: str, records: list[dict], work: Path, **settings):
         manifest = packprep.pack(str(path), str(work / "out"), tokenizer=folder, num_proc=1, overwrite=True,
                                  **settings)
     except Exception as exc:  # the run refused as a whole (every record rejected, exit 3): each record refused
-        code = f"run_refused ({type(exc).__name__}: {str(exc)[:160]})"
+        found = re.search(r"were rejected \((\w+)", str(exc))  # "all N records were rejected (CODE n: ..."
+        code = f"all_rejected:{found.group(1)}" if found else f"run_refused ({type(exc).__name__}: {str(exc)[:160]})"
         empty = {"counts": {"normalized": {}, "rejected_by_reason": {code: len(records)}}}
         return empty, {}, dict.fromkeys(range(len(records)), code)
     sequences = defaultdict(list)
@@ -104,7 +106,7 @@ def check_template(name: str, folder: str, shapes: list[str], count: int = 6, **
     with tempfile.TemporaryDirectory(prefix=f"zoo-{name}-") as work:
         manifest, sequences, rejects = pack_and_read(folder, records, Path(work), **settings)
     result = {"template": name, "probe": vars(pr), "shapes": {}, "examples": [], "refused": next(
-                  (c for c in rejects.values() if c.startswith("run_refused")), None),
+                  (c for c in rejects.values() if c.startswith(("run_refused", "all_rejected"))), None),
               "counts": {k: manifest["counts"].get(k) for k in TURN_COUNTS},
               "normalized": manifest["counts"]["normalized"], "rejected_by_reason": manifest["counts"]["rejected_by_reason"]}
     policy = settings.get("reasoning", "inline")
@@ -145,11 +147,11 @@ def _check_record(tok, render, pr, record, index, sequences, rejected, policy, t
         if ok:
             tally["trained"] += 1
             continue
+        why = rejected or _why(tok, sequences, turn)
         tally["missed"] += 1
-        tally[f"missed:{rejected or _why(sequences, turn)}"] += 1
-        if len(examples) < 60 and not any(e["shape"] == shape and e["why"] == (rejected or _why(sequences, turn))
-                                          for e in examples):
-            examples.append(_example(tok, sequences, turn, shape, index, rejected or _why(sequences, turn)))
+        tally[f"missed:{why}"] += 1
+        if len(examples) < 60 and not any(e["shape"] == shape and e["why"] == why for e in examples):
+            examples.append(_example(tok, sequences, turn, shape, index, why))
     traces = [reasoning_of(m) for m in as_messages(record)[0] if m["role"] == "assistant"]
     traces = [t for t in traces if t]
     if traces and not rejected:
@@ -158,14 +160,20 @@ def _check_record(tok, render, pr, record, index, sequences, rejected, policy, t
         tally["reasoning_lost"] += sum(_squeeze(t) not in text for t in traces)
 
 
-def _why(sequences, turn) -> str:
+def _why(tok, sequences, turn) -> str:
     """Why a renderable turn is not trained in its context, as far as the shards tell."""
     n = len(turn.context)
     starts = [(ids, labels) for ids, labels in sequences if ids[:n] == turn.context]
     if not sequences:
         return "no_sequence"
     if not starts:
-        return "no_sequence_starts_with_context"
+        best = max(sequences, key=lambda s: _common(s[0], turn.context))[0]
+        at = _common(best, turn.context)
+        if at >= n - 2 and best[at: at + 3] != turn.context[at: at + 3]:
+            return "context_end_merged_with_target"  # the joint tokenization crossed the boundary
+        if "think>" in tok.decode(best[at: at + 8]) and "think>" not in tok.decode(turn.context[at: at + 8]):
+            return "reasoning_in_history"  # an earlier turn's reasoning is written where the template has none
+        return "context_differs"
     ids, labels = starts[0]
     if ids[n: n + len(turn.target)] != turn.target:
         return "target_ids_differ"

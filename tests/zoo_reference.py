@@ -138,7 +138,7 @@ def probe(render) -> Probe:
             {"id": "abc123def", "type": "function", "function": {"name": "fzq", "arguments": arguments}}]}]
     args, content = "none", ""
     for form, arguments in (("dict", {"kzq": "vzq"}), ("string", '{"kzq": "vzq"}')):
-        for empty in (None, ""):
+        for empty in ("", None):  # "" where the template renders calls with it (None may print as "None")
             text = attempt(call(arguments, empty), tool)
             if args == "none" and "kzq" in text and "{'kzq'" not in text:
                 args, content = form, empty
