@@ -36,7 +36,9 @@ read, tool-call arguments in the form the template takes):
 
 A template that raises on M[:k] or M[:k+1] gives the turn the reason it raised (``template_refuses``).
 ``--reasoning inline`` for a template that reads no reasoning field: the trained turn's reasoning is
-written into its content as ``<think>\\n{reasoning}\\n</think>\\n\\n{answer}``, in that turn only.
+written into its content as ``<think>\\n{reasoning}\\n</think>\\n\\n{answer}``, in that turn only;
+``--reasoning drop``: the trained turn's content is its answer alone (an inline block taken out), in that
+turn only. Earlier turns stay as the user gave them under either policy.
 """
 
 from __future__ import annotations
@@ -238,9 +240,11 @@ def reference_turns(tok, render, messages, tools, pr: Probe, reasoning_policy="i
         turn = Turn(k)
         trained = dict(message)
         reasoning = reasoning_of(message)
-        if reasoning and not pr.reads_reasoning and reasoning_policy == "inline" and reasoning_of(
-                {"content": message.get("content")}) is None:
+        inline = _split_inline(message.get("content"))[0] is not None
+        if reasoning and not pr.reads_reasoning and reasoning_policy == "inline" and not inline:
             trained["content"] = f"<think>\n{reasoning}\n</think>\n\n{message.get('content') or ''}"
+        elif reasoning and not pr.reads_reasoning and reasoning_policy == "drop" and inline:
+            trained["content"] = _split_inline(message.get("content"))[1]
         try:
             context = render(messages[:k], True, tools)
             history = render(messages[:k], False, tools)
