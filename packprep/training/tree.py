@@ -50,20 +50,25 @@ def tree_dense_mask(descendants: torch.Tensor) -> torch.Tensor:
     return (kv <= q) & (q <= end[None, :])
 
 
-_CACHE: dict[str, Any] = {"key": None, "mask": None}
+_CACHE: dict[str, Any] = {"tensor": None, "key": None, "mask": None}
 _COMPILED: dict[str, Any] = {}
 
 
 def _block_mask(descendants: torch.Tensor, device: torch.device):
-    """One block mask per forward pass: keyed by the descendants tensor every layer receives."""
+    """One block mask per forward pass: every layer gets the same ``tree_descendants`` tensor. The
+    cache holds that tensor itself (not its address, which a later batch may reuse)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    key = (descendants.data_ptr(), descendants.numel(), str(device), descendants._version)
-    if _CACHE["key"] != key:
+    key = (str(device), descendants._version)
+    if _CACHE["tensor"] is not descendants or _CACHE["key"] != key:
         flat = descendants.reshape(-1).to(device)
         n = flat.numel()
-        _CACHE["mask"] = create_block_mask(tree_mask_mod(flat), None, None, n, n, device=device)
-        _CACHE["key"] = key
+        make = create_block_mask
+        if device.type == "cuda":  # compiled: no (T, T) tensor is materialized
+            if "block_mask" not in _COMPILED:
+                _COMPILED["block_mask"] = torch.compile(create_block_mask)
+            make = _COMPILED["block_mask"]
+        _CACHE.update(tensor=descendants, key=key, mask=make(tree_mask_mod(flat), None, None, n, n, device=device))
     return _CACHE["mask"]
 
 
@@ -160,9 +165,11 @@ def _np(x) -> np.ndarray:
     return np.asarray(x, dtype=np.int64).reshape(-1)
 
 
-def collate_tree(rows: Sequence[Mapping[str, Any]], *, count: bool = False) -> dict:
+def collate_tree(rows: Sequence[Mapping[str, Any]], *, count: bool = False, pad_to: int | None = None) -> dict:
     """Shared-prefix rows as one ``(1, T)`` batch: ``input_ids``, ``labels``, ``position_ids``,
-    ``tree_descendants`` and ``use_cache=False``. ``count=True`` adds ``num_supervised_tokens``."""
+    ``tree_descendants`` and ``use_cache=False``. ``count=True`` adds ``num_supervised_tokens``.
+    ``pad_to``: pad ``T`` up to a multiple of it (one compiled kernel for every batch), each pad
+    token a tree of its own, untrained."""
     if isinstance(rows, Mapping):
         rows = [rows]
     if not rows:
@@ -185,6 +192,11 @@ def collate_tree(rows: Sequence[Mapping[str, Any]], *, count: bool = False) -> d
         labels.append(lab)
         positions.append(_np(row["position_ids"]))
         descendants.append(desc)
+    pad = -sum(len(d) for d in descendants) % pad_to if pad_to else 0
+    if pad:
+        zeros = np.zeros(pad, np.int64)
+        ids, positions, descendants = ids + [zeros], positions + [zeros], descendants + [zeros]
+        labels.append(np.full(pad, IGNORE_INDEX, np.int64))
     label = torch.from_numpy(np.concatenate(labels))[None]
     batch = {"input_ids": torch.from_numpy(np.concatenate(ids))[None], "labels": label,
              "position_ids": torch.from_numpy(np.concatenate(positions))[None],
