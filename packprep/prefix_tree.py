@@ -258,3 +258,10 @@ def locate(row: TreeRow, ids: Sequence[int]) -> np.ndarray:
         at = options[0]
         out.append(at)
     return np.array(out, np.int64)
+
+
+def truncate_tree(positions: np.ndarray, descendants: np.ndarray, max_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """The tree columns of a row's first ``max_len`` tokens: a depth-first prefix is a tree, with
+    each subtree cut where the row ends."""
+    index = np.arange(min(max_len, len(descendants)))
+    return positions[:max_len], np.minimum(descendants[:max_len], max_len - 1 - index).astype(np.int32)

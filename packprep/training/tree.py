@@ -22,9 +22,10 @@ import numpy as np
 import torch
 
 from ..layout import IGNORE_INDEX
+from ..layout import TREE_COLUMN as TREE_COLUMN_SPEC
 
 TREE_ATTENTION_NAME = "packprep_tree"
-TREE_COLUMN = "tree_descendants"
+TREE_COLUMN = TREE_COLUMN_SPEC.name
 
 
 class TreeRowsError(ValueError):
