@@ -216,18 +216,7 @@ def check_tree(row: TreeRow) -> str | None:
 def paths(row: TreeRow) -> list[tuple[np.ndarray, np.ndarray]]:
     """The flat sequences of the tree's leaves, root to leaf (ids, labels), a repeated branch
     point standing for its original: each flat sequence that ends at a leaf, as it was built."""
-    parent = parents(row.descendants)
-    leaves = np.flatnonzero(np.asarray(row.descendants) == 0)
-    out = []
-    for leaf in leaves.tolist():
-        chain = []
-        i = leaf
-        while i >= 0:
-            chain.append(i)
-            i = int(parent[i])
-        chain = np.array(chain[::-1])
-        out.append((row.input_ids[chain].copy(), row.labels[chain].copy()))
-    return out
+    return [(row.input_ids[chain].copy(), row.labels[chain].copy()) for chain in paths_indices(row)]
 
 
 def bound(sequences: Sequence[tuple[Sequence[int], Sequence[int]]]) -> int:
@@ -265,3 +254,16 @@ def truncate_tree(positions: np.ndarray, descendants: np.ndarray, max_len: int) 
     each subtree cut where the row ends."""
     index = np.arange(min(max_len, len(descendants)))
     return positions[:max_len], np.minimum(descendants[:max_len], max_len - 1 - index).astype(np.int32)
+
+
+def paths_indices(row: TreeRow) -> list[np.ndarray]:
+    """Each root-to-leaf path as the stored indices along it (a repeated branch point on its branch's)."""
+    parent = parents(row.descendants)
+    out = []
+    for leaf in np.flatnonzero(np.asarray(row.descendants) == 0).tolist():
+        chain = []
+        while leaf >= 0:
+            chain.append(leaf)
+            leaf = int(parent[leaf])
+        out.append(np.array(chain[::-1], np.int64))
+    return out

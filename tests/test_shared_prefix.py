@@ -243,3 +243,120 @@ def test_trainer_recipe_gradient_equals_flat(family, prepared, tmp_path):
         grads[form] = {n: p.grad.clone() for n, p in model.named_parameters()}
     for name, flat in grads["flat"].items():
         assert relative(grads["tree"][name], flat) < 1e-5, name
+
+
+@pytest.fixture(scope="module")
+def packed(template_folder, tmp_path_factory):
+    """RECORDS packed with Qwen3 as flat exact rows and as shared-prefix rows."""
+    import packprep
+
+    root = tmp_path_factory.mktemp("shared-prefix")
+    data = root / "records.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in RECORDS * 3), encoding="utf-8")
+    folder = template_folder("qwen3")
+    for name, extra in (("flat", {}), ("tree", {"shared_prefix": True})):
+        packprep.pack([str(data)], str(root / name), tokenizer=folder, max_len=1024, num_proc=1, **extra)
+    return root
+
+
+def _by_record(folder) -> dict:
+    from packprep.training import PackedDataset
+
+    out: dict = {}
+    for row in PackedDataset(str(folder)):
+        start = 0
+        for length, source in zip(row["seq_lens"].tolist(), row["source_index"].tolist()):
+            piece = {k: v[start : start + length] for k, v in row.items() if k not in ("seq_lens", "source_index")}
+            out.setdefault(source, []).append(piece)
+            start += length
+    return out
+
+
+@needs_fixtures
+def test_pack_writes_each_record_as_its_tree(packed):
+    import packprep
+
+    flat, tree = json.loads((packed / "flat" / "packprep.json").read_text()), json.loads(
+        (packed / "tree" / "packprep.json").read_text())
+    assert "shared_prefix" not in flat["config"] and flat["layout"] == "packprep"  # flat manifests as they were
+    assert tree["config"]["shared_prefix"] is True and tree["layout"] == "packprep-tree"
+    assert tree["tokens"]["supervised"] == flat["tokens"]["supervised"] and tree["tokens"]["total"] < flat["tokens"]["total"]
+    assert "shared-prefix rows" in (packed / "tree" / "README.md").read_text()
+    assert packprep.verify(str(packed / "tree")).ok
+    flat_rows, tree_rows = _by_record(packed / "flat"), _by_record(packed / "tree")
+    assert sorted(flat_rows) == sorted(tree_rows)
+    for source, pieces in tree_rows.items():  # one row piece a record: its flat exact sequences as a tree
+        (got,) = pieces
+        tree = TreeRow(got["input_ids"], got["labels"], got["position_ids"], got["tree_descendants"])
+        assert check_tree(tree) is None
+        held = sorted(tuple(ids.tolist()) for ids, _ in paths(tree))
+        assert held == sorted(tuple(p["input_ids"].tolist()) for p in flat_rows[source])
+        for piece in flat_rows[source]:  # each flat sequence's trained tokens are trained in the tree
+            at = locate(tree, piece["input_ids"])
+            trained = np.flatnonzero(piece["labels"] != I)
+            assert tree.labels[at[trained]].tolist() == piece["labels"][trained].tolist()
+        assert int((tree.labels != I).sum()) == sum(int((p["labels"] != I).sum()) for p in flat_rows[source])
+
+
+@needs_fixtures
+def test_consumers_of_ordinary_rows_refuse_tree_rows(packed, tmp_path, template_folder):
+    import packprep
+    from packprep.errors import ConfigError
+    from packprep.pipeline import repack
+    from packprep.training import PackedDataset, TreeRowsError, collate_packed
+
+    row = PackedDataset(str(packed / "tree"))[0]
+    with pytest.raises(TreeRowsError, match="each branch would attend to its sibling"):
+        collate_packed([row])
+    with pytest.raises(ConfigError, match="not exported"):
+        packprep.export(str(packed / "tree"), "trl", str(tmp_path / "trl"))
+    with pytest.raises(ConfigError, match="cannot be repacked"):
+        repack(str(packed / "tree"), str(tmp_path / "re"), max_len=2048)
+    with pytest.raises(ConfigError, match="--layout trl would hand them"):
+        packprep.pack([str(packed / "records.jsonl")], str(tmp_path / "x"), tokenizer=template_folder("qwen3"),
+                      shared_prefix=True, layout="trl")
+    with pytest.raises(ConfigError, match="nothing to share"):
+        packprep.pack([str(packed / "records.jsonl")], str(tmp_path / "x"), tokenizer=template_folder("qwen3"),
+                      shared_prefix=True, turn_context="rendered")
+
+
+@needs_fixtures
+def test_check_pipeline_on_tree_rows(packed, tmp_path):
+    """The Trainer recipe passes check_pipeline; dropping the column or collating as ordinary rows is caught."""
+    import datasets
+
+    from packprep.training import (PackingIsolationError, TreeRowsError, check_pipeline, collate_packed,
+                                   collate_tree, register_tree_attention)
+
+    data = datasets.load_dataset(str(packed / "tree"), split="train")
+    model = tiny_llama(151669, register_tree_attention())
+
+    def trainer(collator, remove):
+        args = transformers.TrainingArguments(output_dir=str(tmp_path / "out"), report_to=[], use_cpu=True,
+                                              remove_unused_columns=remove)
+        return transformers.Trainer(model=model, args=args, train_dataset=data, data_collator=collator)
+
+    assert check_pipeline(trainer(collate_tree, False), data=str(packed / "tree"))["paths"] >= 2
+    with pytest.raises(TreeRowsError, match="remove_unused_columns=False"):  # the column dropped: collate_tree says so
+        check_pipeline(trainer(collate_tree, True), data=str(packed / "tree"))
+    with pytest.raises(ValueError, match="shared-prefix row"):
+        check_pipeline(trainer(collate_packed, False), data=str(packed / "tree"))
+    plain = tiny_llama(151669, "sdpa")
+    with pytest.raises(PackingIsolationError, match="ignores tree_descendants"):
+        check_pipeline(collate_tree, plain, str(packed / "tree"))
+
+
+def test_hybrid_models_and_context_parallelism_are_refused():
+    from types import SimpleNamespace
+
+    from packprep.training import TreeRowsError, register_tree_attention
+    from packprep.training.tree import refuse_context_parallel
+
+    config = transformers.Lfm2Config(vocab_size=32, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                     layer_types=["conv", "full_attention"], block_auto_adjust_ff_dim=False,
+                                     num_attention_heads=4, num_key_value_heads=2)
+    with pytest.raises(TreeRowsError, match="a recurrent state cannot branch"):
+        register_tree_attention(transformers.AutoModelForCausalLM.from_config(config))
+    trainer = SimpleNamespace(accelerator=SimpleNamespace(parallelism_config=SimpleNamespace(cp_size=2)))
+    with pytest.raises(TreeRowsError, match="context parallelism"):
+        refuse_context_parallel(trainer)

@@ -18,6 +18,7 @@ from ..layout import IGNORE_INDEX
 from .collate import collate_packed
 from .layers import describe, layer_type_of, stateful_layers
 from .order import check_order
+from .tree import TREE_COLUMN, check_tree_batch, refuse_context_parallel
 
 
 class PackingIsolationError(RuntimeError):
@@ -307,17 +308,24 @@ def check_pipeline(pipeline, model=None, data: str | os.PathLike | None = None, 
     index, picked = _pick(dataset, trainer, max_rows)
     truth = dataset[index]
     stored = _stored_row(readers, dataset, index)
+    if TREE_COLUMN in truth:  # shared-prefix rows: read as trees, or refused
+        refuse_context_parallel(trainer)
+        batch, dropped = _made(pipeline, trainer, stored, picked)
+        return check_tree_batch(model, batch, truth, dropped, atol)
     if layout is not None:
         stored = _as_layout(stored, layout, data)
-    dropped: list[str] = []
-    if trainer is None:
-        batch = pipeline([stored])
-    else:
-        # the trainer's own path: its prepared dataset, its column removal, its collator, its device move
-        example = trainer._remove_unused_columns(trainer.train_dataset.select([picked]), "check_pipeline")[0]
-        dropped = [name for name in stored if name not in example]
-        batch = trainer._prepare_inputs(trainer.data_collator([example]))
+    batch, dropped = _made(pipeline, trainer, stored, picked)
     return _compare(model, batch, truth, dropped, atol)
+
+
+def _made(pipeline, trainer, stored: dict, picked: int) -> tuple[dict, list[str]]:
+    """The batch the pipeline makes of the stored row, and the columns its stack dropped first."""
+    if trainer is None:
+        return pipeline([stored]), []
+    # the trainer's own path: its prepared dataset, its column removal, its collator, its device move
+    example = trainer._remove_unused_columns(trainer.train_dataset.select([picked]), "check_pipeline")[0]
+    dropped = [name for name in stored if name not in example]
+    return trainer._prepare_inputs(trainer.data_collator([example])), dropped
 
 
 def _compare(model, batch: Mapping[str, Any], truth: Mapping[str, np.ndarray], dropped: Sequence[str], atol) -> dict:
