@@ -339,8 +339,8 @@ def test_check_pipeline_on_tree_rows(packed, tmp_path):
     assert check_pipeline(trainer(collate_tree, False), data=str(packed / "tree"))["paths"] >= 2
     with pytest.raises(TreeRowsError, match="remove_unused_columns=False"):  # the column dropped: collate_tree says so
         check_pipeline(trainer(collate_tree, True), data=str(packed / "tree"))
-    with pytest.raises(ValueError, match="shared-prefix row"):
-        check_pipeline(trainer(collate_packed, False), data=str(packed / "tree"))
+    with pytest.raises(TreeRowsError, match="shared-prefix row"):
+        check_pipeline(collate_packed, model, str(packed / "tree"))
     plain = tiny_llama(151669, "sdpa")
     with pytest.raises(PackingIsolationError, match="ignores tree_descendants"):
         check_pipeline(collate_tree, plain, str(packed / "tree"))
