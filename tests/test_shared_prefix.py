@@ -299,6 +299,20 @@ def test_pack_writes_each_record_as_its_tree(packed):
 
 
 @needs_fixtures
+def test_stats_shows_the_three_costs(packed, template_folder):
+    import packprep
+
+    report = packprep.stats([str(packed / "records.jsonl")], template_folder("qwen3"), [1024], num_proc=1)
+    policies = report["turn_context"]["policies"]
+    tree = json.loads((packed / "tree" / "packprep.json").read_text())
+    assert policies["exact"]["shared_prefix_tokens"] == tree["tokens"]["total"]
+    assert policies["rendered"]["tokens"] < policies["exact"]["shared_prefix_tokens"] < policies["exact"]["tokens"]
+    # the bound (one rendering, each earlier sequence's targets once more, a token a branch) is shown beside;
+    # Qwen3's tool-call stretch stores its tool results once more (another context), a little over it
+    assert policies["rendered"]["tokens"] < policies["exact"]["shared_prefix_bound"] < policies["exact"]["tokens"]
+
+
+@needs_fixtures
 def test_consumers_of_ordinary_rows_refuse_tree_rows(packed, tmp_path, template_folder):
     import packprep
     from packprep.errors import ConfigError
