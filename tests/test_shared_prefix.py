@@ -299,6 +299,29 @@ def test_pack_writes_each_record_as_its_tree(packed):
 
 
 @needs_fixtures
+def test_verify_finds_a_broken_tree(packed, tmp_path):
+    """A shard whose branch head is trained (the shifted-label hazard) fails verify, named."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import packprep
+
+    folder = tmp_path / "broken"
+    shutil.copytree(packed / "tree", folder)
+    shard = next((folder / "data").glob("train-*.parquet"))
+    rows = pq.read_table(shard).to_pylist()
+    row = rows[0]
+    head = next(i for i in range(1, len(row["input_ids"])) if row["tree_descendants"][i - 1] == 0
+                and row["position_ids"][i] > 0)
+    row["labels"][head] = row["input_ids"][head]
+    pq.write_table(pa.Table.from_pylist(rows, pq.read_table(shard).schema), shard)
+    failures = packprep.verify(str(folder), check_hashes=False).failures
+    assert any(f.check == "tree" and "branch head is trained" in f.message for f in failures), failures
+
+
+@needs_fixtures
 def test_stats_shows_the_three_costs(packed, template_folder):
     import packprep
 
@@ -329,6 +352,13 @@ def test_consumers_of_ordinary_rows_refuse_tree_rows(packed, tmp_path, template_
     with pytest.raises(ConfigError, match="--layout trl would hand them"):
         packprep.pack([str(packed / "records.jsonl")], str(tmp_path / "x"), tokenizer=template_folder("qwen3"),
                       shared_prefix=True, layout="trl")
+    from click.testing import CliRunner
+
+    from packprep.cli import main
+
+    result = CliRunner().invoke(main, ["pack", str(packed / "records.jsonl"), "-t", template_folder("qwen3"), "-o",
+                                       str(tmp_path / "cli"), "--shared-prefix", "--turn-context", "intact"])
+    assert result.exit_code != 0 and "nothing to share" in result.output
     with pytest.raises(ConfigError, match="nothing to share"):
         packprep.pack([str(packed / "records.jsonl")], str(tmp_path / "x"), tokenizer=template_folder("qwen3"),
                       shared_prefix=True, turn_context="rendered")
