@@ -122,6 +122,14 @@ sampler shuffles them). Read them **in order**, {r} row(s) a rank a step, on {n}
 """
 
 
+def _form_text(manifest: dict) -> str:
+    """The rows' form where it is not one flat sequence a turn context: shared-prefix rows."""
+    if not manifest["config"].get("shared_prefix"):
+        return ""
+    return ("; written as shared-prefix rows (each record's sequences as one prefix tree, depth first, with "
+            "`tree_descendants`: read them only with `packprep.training.collate_tree`)")
+
+
 def _local_name(name_or_path: str) -> str:
     """A Hub id as is; a local path by its last part only (the card is published, the packer's disk is not)."""
     text = str(name_or_path).replace("\\", "/").rstrip("/")
@@ -273,7 +281,7 @@ than the lower bound ceil(tokens / max_len).
 Records: {counts['records']:,} read, {counts['packed']:,} packed whole, {counts['truncated']:,} truncated,
 {counts['split']:,} split, {counts['rejected']:,} rejected ({reasons}; see `rejects.jsonl`).
 Normalizing, {changes_text(counts.get('normalized') or {}, counts.get('turns_not_located', 0))}.
-Labels: {context_text(manifest['config'].get('turn_context', 'exact'), counts)} (docs/chat-templates.md). Inputs:
+Labels: {context_text(manifest['config'].get('turn_context', 'exact'), counts)}{_form_text(manifest)} (docs/chat-templates.md). Inputs:
 
 {_inputs_text(manifest)}
 {_mixture_section(manifest)}

@@ -246,6 +246,10 @@ _VALIDATION_SIZE = click.option("--validation-size", default=None, type=float, m
 @click.option("--token", default=None, help="With --push-to: Hub token [default: HF_TOKEN, else `hf auth login`].")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output folder.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
+@click.option("--shared-prefix", is_flag=True,
+              help="With --turn-context exact: write each conversation's sequences as one prefix tree (shared-"
+              "prefix rows, a fraction of the tokens), read only by packprep.training.collate_tree with "
+              "register_tree_attention(). See docs/chat-templates.md.")
 def pack(inputs, tokenizer, output, format_, num_proc, engine, ray_address, push_to, private, token, overwrite, quiet,
          layout, **settings):
     """Pack INPUT files (JSON, JSONL, Parquet, Arrow, saved datasets, Hub ids) into shards.

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .card import render_card
 from .errors import ConfigError
-from .layout import FILES, LayoutContext, ShardReader, get_layout, readable_layout
+from .layout import FILES, TREE_LAYOUT, LayoutContext, ShardReader, get_layout, readable_layout
 from .read import file_sha256
 from .write import OutputFolder, shard_name, shard_writer, write_arrow_dataset_state
 
@@ -35,6 +35,11 @@ def export(folder: str | os.PathLike, to: str, output: str | os.PathLike, *, ove
     source = Path(folder).absolute()
     manifest = read_manifest(source)
     readable_layout(manifest.get("layout"), where=f"{source}: ")
+    if manifest.get("layout") == TREE_LAYOUT.name:
+        raise ConfigError(f"{source}: shared-prefix rows (--shared-prefix) are not exported: {layout.stack} would "
+                          "read each as ordinary packed sequences, every branch of a record's prefix tree attending "
+                          "to its siblings. Train them with packprep.training.collate_tree and "
+                          "register_tree_attention(), or pack without --shared-prefix for this stack")
     target = OutputFolder(output, overwrite)
     if target.final == source or source in target.final.parents:
         raise ConfigError(f"{output} is {folder} or inside it; choose another output folder")

@@ -364,6 +364,8 @@ def get_layout(name: "str | Layout | None") -> Layout:
     """The layout called ``name`` (None: the canonical one), or a LayoutError listing the others."""
     if isinstance(name, Layout):
         return name
+    if name == TREE_LAYOUT.name:  # written by --shared-prefix, never a --layout choice
+        return TREE_LAYOUT
     layout = LAYOUTS.get(name or DEFAULT_LAYOUT)
     if layout is None:
         raise LayoutError(f"unknown layout {name!r}; choose one of {', '.join(LAYOUTS)}")
@@ -455,3 +457,43 @@ register(Layout(
 
 for _stack in STACKS:  # torchtune, llamafactory, megatron, axolotl: packprep/layouts/
     register(Layout(**_stack))
+
+
+# shared-prefix rows (--turn-context exact --shared-prefix; packprep.prefix_tree): canonical columns,
+# with position_ids counting depth in the tree, plus one column of their own
+TREE_COLUMN = Column("tree_descendants", "int32", "token", 0,
+                     "Tokens after this one, in its row, that lie below it in its record's prefix tree: token q "
+                     "attends to token k iff k <= q <= k + tree_descendants[k] (list<int32>).")
+
+
+@lru_cache(maxsize=None)
+def tree_row_schema() -> "pa.Schema":
+    """The Arrow schema of shared-prefix shards: the canonical columns and ``tree_descendants``."""
+    import pyarrow as pa
+
+    return row_schema().append(pa.field(TREE_COLUMN.name, pa.list_(pa.int32())))
+
+
+class _TreeLayout(Layout):
+    def schema(self, context: LayoutContext) -> "pa.Schema":
+        return tree_row_schema()
+
+
+TREE_LAYOUT = _TreeLayout(
+    "packprep-tree", "packprep.training.collate_tree with register_tree_attention (FlexAttention)", TABLE,
+    guarded_recipe('check_pipeline(trainer, data="packed/")') + """\
+```python
+from datasets import load_dataset
+from transformers import Trainer, TrainingArguments
+from packprep.training import check_pipeline, collate_tree, register_tree_attention
+model = AutoModelForCausalLM.from_pretrained(..., attn_implementation=register_tree_attention())
+trainer = Trainer(model=model, args=TrainingArguments(output_dir="out", remove_unused_columns=False),
+                  train_dataset=load_dataset("packed/", split="train"), data_collator=collate_tree)
+check_pipeline(trainer, data="packed/")   # first: runs a shared-prefix row through this trainer's own path
+trainer.train()
+```
+Rows are shared-prefix rows: each record's exact sequences as one prefix tree, depth first, with
+`tree_descendants`. Read as ordinary packed rows, each branch would attend to its siblings: every
+other collator, `packprep export` and the stack layouts refuse them.""",
+    test="tests/test_shared_prefix.py",
+)

@@ -20,9 +20,10 @@ import pyarrow as pa
 
 from .ledger import Ledger
 from .fates import DROPPED, EMPTIED, TRUNCATED
-from .layout import IGNORE_INDEX, ROW_SCHEMA
+from .layout import IGNORE_INDEX, ROW_SCHEMA, tree_row_schema
 from .packing import index_dtype
 from .plan import overlong_fates
+from .prefix_tree import build_tree, truncate_tree
 from .parts import Part
 
 RUNNING_BLOCK = 1 << 20  # values summed at a time into int64 (see _running_total)
@@ -46,6 +47,7 @@ class TokenStore:
     cache_dir: Path
     part_starts: np.ndarray  # int64, parts + 1: first token of each part's files
     repeats: np.ndarray  # sorted int64: the sequences that continue the record of the sequence before them
+    tree: bool = False  # shared-prefix rows: each sequence is a record's prefix tree, with TREE_FILES beside
 
     @classmethod
     def from_spills(cls, cache_dir: Path, spills: list["Spilled"], rejected: np.ndarray) -> "TokenStore":
@@ -62,7 +64,7 @@ class TokenStore:
         part_tokens = np.array([s.lengths.sum(dtype=np.int64) for s in spills], dtype=np.int64)
         part_starts = np.concatenate([[0], np.cumsum(part_tokens)]).astype(np.int64)
         skips = (np.asarray(rejected, dtype=np.int64) - np.arange(len(rejected))).astype(index_dtype(len(offsets)))
-        return cls(offsets, skips, Path(cache_dir), part_starts, repeats)
+        return cls(offsets, skips, Path(cache_dir), part_starts, repeats, any(s.tree for s in spills))
 
     @property
     def lengths(self) -> np.ndarray:
@@ -85,6 +87,10 @@ class TokenStore:
     def gather(self, first_token: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Tokens and labels of the pieces ``[first_token, first_token + length)``, concatenated."""
         return self._pread("ids", first_token, lengths), self._pread("labels", first_token, lengths)
+
+    def gather_tree(self, first_token: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Positions (depth) and descendants of the same pieces (shared-prefix rows)."""
+        return tuple(self._pread(column, first_token, lengths) for column in TREE_FILES)
 
     def _pread(self, column: str, first_token: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         out = np.empty(int(lengths.sum()), dtype=np.int32)
@@ -111,12 +117,16 @@ def spill_path(cache_dir: Path, part: int, column: str) -> Path:
     return Path(cache_dir) / f"part-{part:06d}.{column}"
 
 
+TREE_FILES = ("positions", "descendants")  # a shared-prefix spill's two more files
+
+
 @dataclass
 class Spilled:
     """What a part's spill tells the driver: the length of each kept sequence, in input order."""
 
     lengths: np.ndarray  # int32
     continued: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # int64: the sequences that continue the record of the one before them
+    tree: bool = False  # its sequences are prefix trees, TREE_FILES beside
 
 
 class TokenSpill:
@@ -124,24 +134,27 @@ class TokenSpill:
     one or more for each record not rejected, in input order (what :meth:`TokenStore.source_index`
     counts on)."""
 
-    def __init__(self, cache_dir: Path, part: int):
+    def __init__(self, cache_dir: Path, part: int, tree: bool = False):
         self._lengths = array("i")  # 4 bytes a sequence, not a Python int object each
         self._continued = array("q")
-        self._files = (open(spill_path(cache_dir, part, "ids"), "wb"), open(spill_path(cache_dir, part, "labels"), "wb"))
+        self.tree = tree
+        columns = ("ids", "labels", *(TREE_FILES if tree else ()))
+        self._files = tuple(open(spill_path(cache_dir, part, column), "wb") for column in columns)
 
-    def append(self, input_ids: np.ndarray, labels: np.ndarray, continues: bool = False) -> None:
-        """Spill a sequence; ``continues``: of the same record as the one before it."""
+    def append(self, input_ids: np.ndarray, labels: np.ndarray, continues: bool = False, *tree: np.ndarray) -> None:
+        """Spill a sequence; ``continues``: of the same record as the one before it; ``tree``: its
+        positions and descendants (shared-prefix rows)."""
         if continues:
             self._continued.append(len(self._lengths))
-        self._files[0].write(np.ascontiguousarray(input_ids, dtype=np.int32).tobytes())
-        self._files[1].write(np.ascontiguousarray(labels, dtype=np.int32).tobytes())
+        for handle, values in zip(self._files, (input_ids, labels, *tree)):
+            handle.write(np.ascontiguousarray(values, dtype=np.int32).tobytes())
         self._lengths.append(len(input_ids))
 
     def finish(self) -> Spilled:
         for handle in self._files:
             handle.close()
         return Spilled(np.frombuffer(self._lengths, dtype=np.int32).copy(),
-                       np.frombuffer(self._continued, dtype=np.int64).copy())
+                       np.frombuffer(self._continued, dtype=np.int64).copy(), self.tree)
 
 
 @dataclass
@@ -196,6 +209,10 @@ def materialize(store: TokenStore, segments: Segments) -> pa.Table:
     def lists(offsets, values, value_type):
         return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(values, value_type))
 
+    tree = []
+    if store.tree:  # shared-prefix rows: depth as position; pieces are whole trees (no --overlong split)
+        position, descendants = store.gather_tree(first_token, lengths)
+        tree = [lists(token_offsets, descendants, pa.int32())]
     return pa.Table.from_arrays(
         [
             lists(token_offsets, input_ids, pa.int32()),
@@ -203,8 +220,9 @@ def materialize(store: TokenStore, segments: Segments) -> pa.Table:
             lists(token_offsets, position, pa.int32()),
             lists(piece_offsets, lengths.astype(np.int32), pa.int32()),
             lists(piece_offsets, store.source_index(segments.item), pa.int64()),
+            *tree,
         ],
-        schema=ROW_SCHEMA,
+        schema=tree_row_schema() if store.tree else ROW_SCHEMA,
     )
 
 
@@ -212,20 +230,29 @@ class PackSink:
     """pack's encode sink, run in the workers: apply the ``--overlong`` rule to each encoded record,
     in input order, and spill what stays to the part's token files."""
 
-    def __init__(self, cache_dir, max_len: int, overlong: str, part: Part):
-        self.max_len, self.overlong = max_len, overlong
-        self.spill = TokenSpill(cache_dir, part.number)
+    def __init__(self, cache_dir, max_len: int, overlong: str, part: Part, shared_prefix: bool = False):
+        self.max_len, self.overlong, self.shared_prefix = max_len, overlong, shared_prefix
+        self.spill = TokenSpill(cache_dir, part.number, shared_prefix)
+
+    def _sequences(self, item) -> list:
+        """A record's sequences: as encoded, or (``shared_prefix``) its one prefix tree."""
+        if not self.shared_prefix:
+            return item.sequences
+        tree = build_tree(item.sequences)
+        return [(tree.input_ids, tree.labels, tree.position_ids, tree.descendants)]
 
     def take(self, batch, ledger: Ledger) -> int:
         kept = [(number, record, conversation, item) for number, record, conversation, item in batch
                 if ledger.accept(record, number, item) is not None]
         # a record may be several sequences (render.py, turn_context exact): --overlong applies to each
-        sequences = [(at, ids, labels) for at, (*_, item) in enumerate(kept) for ids, labels in item.sequences]
+        sequences = [(at, ids, labels, *tree) for at, (*_, item) in enumerate(kept)
+                     for ids, labels, *tree in self._sequences(item)]
         fates = self._fates(sequences)
         tokens = 0
         for at, (number, record, conversation, item) in enumerate(kept):
-            mine = [(fate, ids, labels) for fate, (owner, ids, labels) in zip(fates, sequences) if owner == at]
-            longest = max(len(ids) for _, ids, _ in mine)
+            mine = [(fate, ids, labels, *tree) for fate, (owner, ids, labels, *tree) in zip(fates, sequences)
+                    if owner == at]
+            longest = max(len(ids) for _, ids, *_ in mine)
             if any(fate == DROPPED for fate, *_ in mine):
                 reason = f"{longest} tokens, longer than --max-len {self.max_len} (--overlong drop)"
                 ledger.reject(record, number, reason, "overlong")
@@ -236,22 +263,23 @@ class PackSink:
                 ledger.reject(record, number, reason, "overlong")
                 continue
             ledger.keep(conversation, item)
-            for n, (fate, ids, labels) in enumerate(mine):
+            for n, (fate, ids, labels, *tree) in enumerate(mine):
                 if fate == TRUNCATED:
                     ids, labels = ids[: self.max_len], labels[: self.max_len]
+                    tree = truncate_tree(*tree, self.max_len) if tree else tree
                     ledger.status[number] = TRUNCATED
-                self.spill.append(ids, labels, continues=n > 0)
+                self.spill.append(ids, labels, n > 0, *tree)
                 tokens += len(ids)
         return tokens
 
     def _fates(self, sequences) -> list[int]:
         """The ``--overlong`` fate of each sequence (plan.overlong_fates)."""
         max_len = self.max_len
-        lengths = np.array([len(ids) for _, ids, _ in sequences], np.int64)
+        lengths = np.array([len(ids) for _, ids, *_ in sequences], np.int64)
         within = None
         if self.overlong == "truncate" and (lengths > max_len).any():
             within = [int((labels[1:max_len] != IGNORE_INDEX).sum()) if n > max_len else 1
-                      for (_, _, labels), n in zip(sequences, lengths.tolist())]
+                      for (_, _, labels, *_), n in zip(sequences, lengths.tolist())]
         return overlong_fates(lengths, max_len, self.overlong, within).tolist()
 
     def finish(self):

@@ -26,7 +26,7 @@ from .ledger import Ledger, top_reasons
 from .engines import TASKS_PER_WORKER, Engine, LocalEngine, make_engine, runs_per_item
 from .errors import ConfigError, InputError
 from .fates import FATES, PACKED, REJECTED, SPLIT, UNSAMPLED
-from .layout import DEFAULT_LAYOUT, FILES, LayoutContext, get_layout, readable_layout
+from .layout import DEFAULT_LAYOUT, FILES, TREE_LAYOUT, LayoutContext, get_layout, readable_layout
 from .materialize import PackSink, Segments, TokenStore
 from .normalize import CHANGES
 from .packing import STRATEGY_TABLE, Bins, lower_bound, order_bins
@@ -76,7 +76,7 @@ def pack(
     """
     config = PackConfig.from_settings(settings)
     run = RunOptions(engine, num_proc, ray_address)
-    layout = _split_layout(layout, bool(validation_size))
+    layout = _split_layout(layout, bool(validation_size), config.shared_prefix)
     sources, mixture = open_inputs([inputs] if isinstance(inputs, str) else list(inputs), mix, validation_size)
     folder = OutputFolder(output, overwrite)
     folder.check()
@@ -100,6 +100,9 @@ def repack(folder, output, *, overwrite: bool = False, num_proc: int | None = No
     source = Path(folder).absolute()
     old = read_manifest(source)
     readable_layout(old.get("layout"), where=f"{source}: ")
+    if old.get("layout") == TREE_LAYOUT.name:
+        raise ConfigError(f"{source}: shared-prefix rows cannot be repacked (each is a record's prefix tree, which "
+                          "repack's sequences do not describe); pack again from the inputs")
     config = repack_config(old["config"], settings)
     layout = _split_layout(layout or old.get("layout") or DEFAULT_LAYOUT, bool(old.get("validation")))
     target = OutputFolder(output, overwrite)
@@ -135,8 +138,15 @@ def repack(folder, output, *, overwrite: bool = False, num_proc: int | None = No
         engine.close()
 
 
-def _split_layout(name, validation: bool):
-    """The layout, refused before any work where a validation split is wanted and it writes files of its own."""
+def _split_layout(name, validation: bool, shared_prefix: bool = False):
+    """The layout, refused before any work where a validation split is wanted and it writes files of its own,
+    or where shared-prefix rows are wanted in a stack's layout (which would read them as ordinary rows)."""
+    if shared_prefix:
+        if get_layout(name).name != DEFAULT_LAYOUT:
+            raise ConfigError(f"--shared-prefix writes rows that only packprep.training.collate_tree reads; "
+                              f"--layout {name} would hand them to a stack that reads each as ordinary packed "
+                              "sequences, every branch attending to its siblings: pack without --layout")
+        return TREE_LAYOUT
     layout = get_layout(name)
     if validation and layout.writes == FILES:
         raise ConfigError(f"--layout {layout.name} writes files of its own, with no validation split: pack "
@@ -162,7 +172,7 @@ def _pack_into(folder: OutputFolder, encoding: Encoding, config: PackConfig, lay
         cache.mkdir()
         with ledger, Progress(progress, None, "read+tokenize", "conv") as bar:
             spills = []
-            sink = partial(PackSink, cache, config.max_len, config.overlong)
+            sink = partial(PackSink, cache, config.max_len, config.overlong, shared_prefix=config.shared_prefix)
             for result in encoding.run(engine, plan_parts(encoding.sources, engine), ledger, sink):
                 spills.append(result.payload)
                 bar.update(result.records, result.tokens)
@@ -311,6 +321,15 @@ def _segments(bins: Bins, store: TokenStore) -> Segments:
     return Segments(bins.items, bins.starts, lengths, bins.offsets)
 
 
+def _recorded(config: PackConfig) -> dict:
+    """The config as the manifest records it: ``shared_prefix`` only where on (flat rows' manifests
+    stay as they were)."""
+    recorded = asdict(config)
+    if not recorded["shared_prefix"]:
+        del recorded["shared_prefix"]
+    return recorded
+
+
 def _manifest(config, described: dict, ledger, sequences: int, segments, shards, supervised: int) -> dict:
     status = np.bincount(np.frombuffer(ledger.status, dtype=np.uint8), minlength=len(FATES))
     fates = {fate: int(status[code]) for code, fate in enumerate(FATES)}
@@ -320,7 +339,7 @@ def _manifest(config, described: dict, ledger, sequences: int, segments, shards,
     bound = lower_bound(row_lengths, config.max_len) if tokens else 0
     return {
         "packprep_version": __version__,
-        "config": asdict(config),
+        "config": _recorded(config),
         **described,
         "counts": {
             "records": len(ledger.status),

@@ -76,6 +76,7 @@ class PackConfig:
     seed: int = 0
     train_on: str = "assistant"
     turn_context: str = "exact"  # exact | intact | rendered: a turn the full rendering rewrites (render.py)
+    shared_prefix: bool = False  # exact only: a record's sequences as one prefix-tree row (prefix_tree.py)
     format: str | None = None  # None: detected per record
     messages_field: str | None = None
     text_field: str = "text"
@@ -145,6 +146,20 @@ class PackConfig:
         if self.chat_template is not None and not (isinstance(self.chat_template, str) and self.chat_template):
             raise ConfigError("--chat-template must name one of the tokenizer's chat templates")
         self._validate_balance()
+        self._validate_shared_prefix()
+
+    def _validate_shared_prefix(self) -> None:
+        if not self.shared_prefix:
+            return
+        if self.turn_context != "exact":
+            raise ConfigError(f"--shared-prefix stores the sequences of --turn-context exact as one prefix tree; "
+                              f"--turn-context {self.turn_context} makes one sequence a record: nothing to share")
+        if self.overlong == "split":
+            raise ConfigError("--shared-prefix cannot --overlong split: a piece of a tree row cut off from its "
+                              "prefix has no context; use --overlong truncate (the tree is cut depth first) or drop")
+        if self.balance_dp is not None:
+            raise ConfigError("--shared-prefix rows cost attention by their tree, not their length: --balance-dp "
+                              "does not model them; leave it off")
 
     def _validate_balance(self) -> None:
         if self.model_config is not None:

@@ -38,7 +38,7 @@ import numpy as np
 import pyarrow as pa
 
 from .errors import ConfigError, InputError
-from .layout import (FILES, IGNORE_INDEX, ROW_SCHEMA, LayoutError, ShardReader, UnreadableLayoutError, get_layout,
+from .layout import (FILES, IGNORE_INDEX, ROW_SCHEMA, TREE_LAYOUT, LayoutError, ShardReader, UnreadableLayoutError, get_layout,
                      list_column, readable_layout)
 from .normalize import load_schema
 from .read import file_sha256
@@ -327,7 +327,7 @@ def _shard_tables(path: Path, failures: list[Failure], name: str, layout=None,
     try:
         reader = ShardReader(path, layout)
         schema = reader.schema
-        if not schema.equals(ROW_SCHEMA):
+        if not schema.equals(TREE_LAYOUT.schema(None) if layout == TREE_LAYOUT.name else ROW_SCHEMA):
             failures.append(
                 Failure("schema", f"columns {schema.to_string(show_schema_metadata=False)!r} "
                         f"differ from packed_row.schema.json", name)
@@ -376,12 +376,17 @@ def _check_rows(table, name, context: ShardContext, check: ShardCheck, sources: 
         fail("lengths", _first_row(seq_off, np.flatnonzero(seq_lens < 1)), "a seq_len is below 1")
         return False
 
-    # Expected position ids: 0..len-1 within every packed sequence.
+    # Expected position ids: 0..len-1 within every packed sequence (shared-prefix rows: the tree's invariants).
     seq_start = np.cumsum(seq_lens) - seq_lens
-    expected = np.arange(len(ids), dtype=np.int64) - np.repeat(seq_start, seq_lens)
-    bad = np.flatnonzero(pos != expected)
-    if len(bad):
-        fail("position_ids", _first_row(tok_off, bad), f"position_ids do not restart at 0 at each sequence (token {int(bad[0] - tok_off[_first_row(tok_off, bad)])})")
+    if context.layout == TREE_LAYOUT.name:
+        bad = tree_problem(table, labels, pos, seq_lens)
+        if bad is not None:
+            fail("tree", _first_row(tok_off, np.array([bad[0]])), bad[1])
+    else:
+        expected = np.arange(len(ids), dtype=np.int64) - np.repeat(seq_start, seq_lens)
+        bad = np.flatnonzero(pos != expected)
+        if len(bad):
+            fail("position_ids", _first_row(tok_off, bad), f"position_ids do not restart at 0 at each sequence (token {int(bad[0] - tok_off[_first_row(tok_off, bad)])})")
     firsts = seq_start[seq_lens > 0]
     bad = firsts[labels[firsts] != IGNORE_INDEX]
     if len(bad):
@@ -402,6 +407,24 @@ def _check_rows(table, name, context: ShardContext, check: ShardCheck, sources: 
     check.tokens += len(ids)
     check.supervised += int((labels != IGNORE_INDEX).sum())
     return True
+
+
+def tree_problem(table, labels: np.ndarray, positions: np.ndarray, seq_lens: np.ndarray) -> tuple[int, str] | None:
+    """The first token of a shared-prefix row group that breaks a tree invariant, and how
+    (prefix_tree.check_tree on each packed sequence: one record's tree); None if none does."""
+    from .layout import TREE_COLUMN
+    from .prefix_tree import TreeRow, check_tree
+
+    ids, _ = list_column(table, "input_ids")
+    descendants, _ = list_column(table, TREE_COLUMN.name)
+    start = 0
+    for length in seq_lens.tolist():
+        part = slice(start, start + length)
+        problem = check_tree(TreeRow(ids[part], labels[part], positions[part], descendants[part]))
+        if problem is not None:
+            return start, f"shared-prefix row: {problem}"
+        start += length
+    return None
 
 
 def _check_validation(context: ShardContext, manifest: dict, seen: np.ndarray, report: Report, checker: Checker,

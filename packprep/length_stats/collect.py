@@ -8,7 +8,7 @@ folder, the shards' ``seq_lens``. Plus the two summaries both reports use.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,6 +21,7 @@ from ..errors import ConfigError, InputError
 from ..pipeline import plan_parts
 from ..progress import Progress
 from ..layout import IGNORE_INDEX
+from ..prefix_tree import bound, build_tree
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..engines import Engine
@@ -36,6 +37,7 @@ class InputLengths:
     within: dict[int, np.ndarray]  # per max_len L: supervised tokens within the first L tokens
     masked: dict[int, np.ndarray]  # per max_len L: trained labels at L, 2L, ... (first labels of pieces)
     sequences: np.ndarray  # sequences of each accepted conversation (turn_context exact: one a trained turn)
+    shared: np.ndarray = field(default_factory=lambda: np.zeros(2, np.int64))  # (tokens, bound) as shared-prefix rows
 
 
 def collect_inputs(encoding: Encoding, ledger: Ledger, max_lens: list[int], engine: "Engine",
@@ -50,7 +52,8 @@ def collect_inputs(encoding: Encoding, ledger: Ledger, max_lens: list[int], engi
     join = lambda arrays: np.concatenate([np.zeros(0, np.int64)] + arrays)  # noqa: E731
     return InputLengths(join([p.lengths for p in parts]), join([p.supervised for p in parts]),
                         join([p.turns for p in parts]), {m: join([p.within[m] for p in parts]) for m in max_lens},
-                        {m: join([p.masked[m] for p in parts]) for m in max_lens}, join([p.sequences for p in parts]))
+                        {m: join([p.masked[m] for p in parts]) for m in max_lens}, join([p.sequences for p in parts]),
+                        sum((p.shared for p in parts), np.zeros(2, np.int64)))
 
 
 class LengthSink:
@@ -64,6 +67,7 @@ class LengthSink:
         self.sequences: list[int] = []
         self.within: dict[int, list[int]] = {m: [] for m in max_lens}
         self.masked: dict[int, list[int]] = {m: [] for m in max_lens}
+        self.shared = np.zeros(2, np.int64)  # tokens and bound of these records as shared-prefix rows
 
     def take(self, batch, ledger: Ledger) -> int:
         probes = np.asarray(self.max_lens, dtype=np.int64)
@@ -75,6 +79,8 @@ class LengthSink:
             ledger.keep(conversation, item)
             self.turns.append(len(conversation.messages) if conversation.messages is not None else 1)
             self.sequences.append(len(item.sequences))
+            sequences = item.sequences
+            self.shared += (len(build_tree(sequences)), bound(sequences)) if len(sequences) > 1 else len(sequences[0][0])
             for ids, labels in item.sequences:  # a conversation may be several sequences (turn_context exact)
                 trained = labels != IGNORE_INDEX
                 trained[0] = False  # a packed sequence's first label is always -100
@@ -94,7 +100,7 @@ class LengthSink:
         as_array = lambda values: np.asarray(values, dtype=np.int64)  # noqa: E731
         return InputLengths(as_array(self.lengths), as_array(self.supervised), as_array(self.turns),
                             {m: as_array(v) for m, v in self.within.items()},
-                            {m: as_array(v) for m, v in self.masked.items()}, as_array(self.sequences))
+                            {m: as_array(v) for m, v in self.masked.items()}, as_array(self.sequences), self.shared)
 
 
 def turn_context_costs(encoding: Encoding, ledger: Ledger, collected: InputLengths, engine: "Engine",
@@ -112,7 +118,8 @@ def turn_context_costs(encoding: Encoding, ledger: Ledger, collected: InputLengt
         return {"conversations": len(lengths.turns), "sequences": len(lengths.lengths),
                 "tokens": int(lengths.lengths.sum()), "supervised": int(lengths.supervised.sum()),
                 "rejected": sum(tally.reasons.values()), "turns_not_located": tally.turns_not_located,
-                **tally.context_counts()}
+                **tally.context_counts(), "shared_prefix_tokens": int(lengths.shared[0]),
+                "shared_prefix_bound": int(lengths.shared[1])}
 
     chosen = encoding.config.turn_context
     costs = {chosen: row(collected, ledger)}

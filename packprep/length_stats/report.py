@@ -210,8 +210,14 @@ def _turn_context_lines(context: dict | None) -> list[str]:
         mark = "*" if policy == context["policy"] else " "
         lines.append(f"  {policy + mark:<16}{_n(row['sequences']):>11}{_n(row['tokens']):>14}{_n(row['supervised']):>13}"
                      f"{_n(row['turns_not_located']):>11}{_n(row['turns_out_of_context']):>11}{_n(row['rejected']):>10}")
-    return lines + _wrap(f"  {_n(context['turns_rewritten'])} assistant turns are rendered differently in the whole "
-                         "conversation than at inference; untrained: turns left without labels")
+    lines += _wrap(f"  {_n(context['turns_rewritten'])} assistant turns are rendered differently in the whole "
+                   "conversation than at inference; untrained: turns left without labels")
+    exact, rendered = context["policies"].get("exact"), context["policies"].get("rendered")
+    if exact and rendered and "shared_prefix_tokens" in exact:
+        lines += _wrap(f"  tokens: exact {_n(exact['tokens'])}, exact --shared-prefix {_n(exact['shared_prefix_tokens'])} "
+                       f"(bound {_n(exact['shared_prefix_bound'])}: one rendering, each rewritten turn's target once "
+                       f"more, a token a branch), rendered {_n(rendered['tokens'])}")
+    return lines
 
 
 def _render_folder(report: dict) -> str:

@@ -35,6 +35,8 @@ Everything that needs ``torch`` lives in this package; ``import packprep`` never
               the user's own collator/Trainer and model, compared with its sequences run alone;
               raises ``PackingIsolationError`` naming the cause. ``check_isolation(model)``: the
               model alone, on two random sequences.
+``tree``      ``collate_tree(rows)`` + ``register_tree_attention()``: shared-prefix rows
+              (``--turn-context tree``) through a FlexAttention mask read from ``tree_descendants``.
 ``order``     ``check_order(loader_or_trainer, data)``: warns (``BalanceOrderWarning``) when the sampler
               would not read rows packed with ``--balance-dp`` in the order they were balanced for.
 """
@@ -54,6 +56,7 @@ from .data import PackedDataset
 from .hybrid import register_packed_layers
 from .isolation import PackingIsolationError, check_isolation, check_pipeline
 from .order import BalanceOrderWarning, check_order
+from .tree import TREE_ATTENTION_NAME, TreeRowsError, collate_tree, register_tree_attention
 
 __all__ = [
     "IGNORE_INDEX",
@@ -73,4 +76,8 @@ __all__ = [
     "register_packed_layers",
     "register_varlen_attention",
     "varlen_attention_forward",
+    "TREE_ATTENTION_NAME",
+    "TreeRowsError",
+    "collate_tree",
+    "register_tree_attention",
 ]

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from ..layout import IGNORE_INDEX
+from .tree import refuse_tree_rows
 
 
 def _as_np(x, dtype=np.int64) -> np.ndarray:
@@ -67,6 +68,7 @@ def collate_packed(rows: Sequence[Mapping[str, Any]], *, check_positions: bool =
         raise ValueError("collate_packed needs at least one row")
     ids, labels, positions, lens = [], [], [], []
     for row in rows:
+        refuse_tree_rows(row, "collate_packed")
         seq_lens = _row_seq_lens(row)
         pos = _restarted_positions(seq_lens)
         if check_positions and row.get("position_ids") is not None:

@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..layout import COLUMN_NAMES, ShardReader, list_column, shard_files
+from ..layout import COLUMN_NAMES, TREE_COLUMN, TREE_LAYOUT, ShardReader, list_column, shard_files
 
 
 class _Shard:
@@ -48,6 +48,8 @@ class PackedDataset:
                 with open(path, encoding="utf-8") as handle:
                     self.manifest = json.load(handle)
         self.layout = (self.manifest or {}).get("layout")
+        if columns is None and self.layout == TREE_LAYOUT.name:  # shared-prefix rows: their own column too
+            self.columns += (TREE_COLUMN.name,)
         counts = [self._reader(k).num_rows for k in range(len(self.files))]
         self._starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self._shards: dict[int, _Shard] = {}

@@ -18,6 +18,7 @@ from ..layout import IGNORE_INDEX
 from .collate import collate_packed
 from .layers import describe, layer_type_of, stateful_layers
 from .order import check_order
+from .tree import TREE_ATTENTION_NAME, TREE_COLUMN, collate_tree, refuse_context_parallel, refuse_model
 
 
 class PackingIsolationError(RuntimeError):
@@ -307,17 +308,24 @@ def check_pipeline(pipeline, model=None, data: str | os.PathLike | None = None, 
     index, picked = _pick(dataset, trainer, max_rows)
     truth = dataset[index]
     stored = _stored_row(readers, dataset, index)
+    if TREE_COLUMN in truth:  # shared-prefix rows: read as trees, or refused
+        refuse_context_parallel(trainer)
+        batch, dropped = _made(pipeline, trainer, stored, picked)
+        return check_tree_batch(model, batch, truth, dropped, atol)
     if layout is not None:
         stored = _as_layout(stored, layout, data)
-    dropped: list[str] = []
-    if trainer is None:
-        batch = pipeline([stored])
-    else:
-        # the trainer's own path: its prepared dataset, its column removal, its collator, its device move
-        example = trainer._remove_unused_columns(trainer.train_dataset.select([picked]), "check_pipeline")[0]
-        dropped = [name for name in stored if name not in example]
-        batch = trainer._prepare_inputs(trainer.data_collator([example]))
+    batch, dropped = _made(pipeline, trainer, stored, picked)
     return _compare(model, batch, truth, dropped, atol)
+
+
+def _made(pipeline, trainer, stored: dict, picked: int) -> tuple[dict, list[str]]:
+    """The batch the pipeline makes of the stored row, and the columns its stack dropped first."""
+    if trainer is None:
+        return pipeline([stored]), []
+    # the trainer's own path: its prepared dataset, its column removal, its collator, its device move
+    example = trainer._remove_unused_columns(trainer.train_dataset.select([picked]), "check_pipeline")[0]
+    dropped = [name for name in stored if name not in example]
+    return trainer._prepare_inputs(trainer.data_collator([example])), dropped
 
 
 def _compare(model, batch: Mapping[str, Any], truth: Mapping[str, np.ndarray], dropped: Sequence[str], atol) -> dict:
@@ -502,3 +510,59 @@ def _layer_cause(model, packed, alone, spans) -> str | None:
                        "this model on padded rows (packprep.training.collate_padded, `packprep pack --strategy pad`).")
     return what + ("Call packprep.training.register_packed_layers(model) before training, and feed batches that carry "
                    "the boundaries (collate_packed, or TRL's padding_free=True: cu_seq_lens_q and seq_idx).")
+
+
+def check_tree_batch(model, batch: Mapping[str, Any], truth: Mapping[str, Any], dropped: Sequence[str],
+                     atol: float | None = None, max_paths: int = 16) -> dict:
+    """``check_pipeline`` for a shared-prefix row: the batch the user's pipeline made from it must
+    carry the row's columns as stored, reach the tree attention, and give each root-to-leaf path's
+    logits equal to that path run alone as one plain sequence (the first ``max_paths`` paths)."""
+    from ..prefix_tree import TreeRow, paths_indices
+
+    head = "shared-prefix rows are NOT read as trees in this pipeline: "
+    if batch.get(TREE_COLUMN) is None:
+        lost = (f" The stack dropped the columns {list(dropped)} before the collator: pass "
+                "TrainingArguments(remove_unused_columns=False)." if dropped else "")
+        raise PackingIsolationError(
+            head + "the batch carries no tree_descendants, so the row is read as ordinary packed sequences and every "
+            "branch attends to its siblings. Collate with packprep.training.collate_tree." + lost)
+    impl = getattr(model.config, "_attn_implementation", None)
+    if impl != TREE_ATTENTION_NAME:
+        raise PackingIsolationError(head + f"attn_implementation is {impl!r}, which ignores tree_descendants; load the "
+                                    "model with attn_implementation=register_tree_attention()")
+    refuse_model(model)
+    device = next(model.parameters()).device
+    n = len(truth["input_ids"])
+    for name in ("input_ids", "labels", "position_ids", TREE_COLUMN):
+        if not np.array_equal(_flat(batch[name][0])[:n], _flat(truth[name])):
+            raise PackingIsolationError(head + f"the batch's {name} are not the stored row's; feed rows as they are stored")
+    row = TreeRow(*(np.asarray(truth[c]) for c in ("input_ids", "labels", "position_ids", TREE_COLUMN)))
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items() if k != "labels"}
+            logits = _logits(model(**moved))
+            diffs, largest = [], 0.0
+            for chain in paths_indices(row)[:max_paths]:
+                m = len(chain)
+                alone = collate_tree({"input_ids": row.input_ids[chain], "labels": np.full(m, IGNORE_INDEX),
+                                      "position_ids": np.arange(m), TREE_COLUMN: np.arange(m)[::-1].copy()})
+                one = _logits(model(**{k: (v.to(device) if isinstance(v, torch.Tensor) else v)
+                                       for k, v in alone.items() if k != "labels"}))
+                diffs.append(float((logits[torch.as_tensor(chain, device=device)] - one).abs().max()))
+                largest = max(largest, float(one.abs().max()))
+    finally:
+        if was_training:
+            model.train()
+    tol = _tolerance(_model_dtype(model), largest, atol)
+    if max(diffs) > tol:
+        raise PackingIsolationError(head + f"a path's logits differ from the path run alone by {max(diffs):.3g} "
+                                    f"(tolerance {tol:.3g})")
+    return {"max_abs_diff": max(diffs), "tolerance": tol, "paths": len(diffs), "tokens": n}
+
+
+def _flat(x) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu().numpy()
+    return np.asarray(x, dtype=np.int64).reshape(-1)
