@@ -20,7 +20,6 @@ import numpy as np
 from . import __version__
 from .balance import balance_bins, balance_summary
 from .card import length_histograms, render_card
-from .cost import model_cost
 from .encode import Encoding
 from .ledger import Ledger, top_reasons
 from .engines import TASKS_PER_WORKER, Engine, LocalEngine, make_engine, runs_per_item
@@ -300,7 +299,7 @@ def _pack(store: TokenStore, config: PackConfig, ledger: Ledger, rounds: list[np
                 ledger.status[source_index] = SPLIT
     if config.balance_dp:
         return balance_bins(bins, lengths, config.max_len, config.balance_dp, config.rows_per_step,
-                            cost=model_cost(config.model_config), seed=config.seed, sampler=config.balance_sampler)
+                            cost=config.cost(), seed=config.seed, sampler=config.balance_sampler)
     del lengths  # the planner's arrays are the driver's peak: free what is done before the next
     return order_bins(bins, config.row_order, config.seed)
 
@@ -342,7 +341,7 @@ def _manifest(config, described: dict, ledger, sequences: int, segments, shards,
         "length_histograms": length_histograms(row_lengths, segments.length, config.max_len),
         "shards": shards,
         **({"balance": balance_summary(segments.length, segments.offsets, config.balance_dp, config.rows_per_step,
-                                       config.balance_sampler, model_cost(config.model_config), config.seed)}
+                                       config.balance_sampler, config.cost(), config.seed)}
            if config.balance_dp else {}),
     }
 

@@ -76,7 +76,7 @@ class FolderTokenizer:
         template_file = folder / "chat_template.jinja"
         self.chat_template = (  # several named templates: {name: template}, as transformers holds them
             template_file.read_text(encoding="utf-8") if template_file.is_file()
-            else named_templates(config.get("chat_template"))
+            else named_templates(config.get("chat_template"), f"tokenizer {folder}")
         )
 
     @property
