@@ -19,6 +19,7 @@ import numpy as np
 
 from . import __version__
 from .balance import balance_bins, balance_summary
+from .cost import CostModel
 from .card import length_histograms, render_card
 from .encode import Encoding
 from .ledger import Ledger, top_reasons
@@ -36,12 +37,12 @@ from .json_scan import scan_json_chunk
 from .parts import Part, PartPlan
 from .read import Source, file_sha256
 from .settings import PackConfig, RunOptions, repack_config  # PackConfig also as packprep.pipeline.PackConfig, as before
-from .repack import (Stored, StoredShards, check_cuts, check_target, folder_mixture, place, read_lengths,
-                     rebuild_ledger, repacked_from, write_tokens)
+from .repack import (Stored, StoredShards, check_cuts, check_stored, check_target, folder_mixture, place,
+                     read_lengths, rebuild_ledger, repacked_from, write_tokens)
 from .split import membership
 from .tokenization import tokenizer_fingerprint
-from .verification import (Report, ShardCheck, ShardContext, check_part, check_rows, check_tasks, join_checks,
-                           joined_check, read_manifest, verify)
+from .verification import (Report, ShardCheck, ShardContext, check_footers, check_part, check_rows, check_tasks,
+                           join_checks, joined_check, read_manifest, verify)
 from .write import (OutputFolder, finish_shards, join_shard, parse_size, prepare_shards, shard_pieces, write_files,
                     write_piece, writers)
 
@@ -99,7 +100,13 @@ def repack(folder, output, *, overwrite: bool = False, num_proc: int | None = No
     source = Path(folder).absolute()
     old = read_manifest(source)
     readable_layout(old.get("layout"), where=f"{source}: ")
-    config = repack_config(old["config"], settings)
+    damage = check_footers(source).failures
+    if damage:
+        raise InputError(f"{source} is damaged, so repack cannot rebuild its sequences: "
+                         f"{'; '.join(map(str, damage[:3]))}{'; ...' if len(damage) > 3 else ''}. Run packprep verify "
+                         f"{source} for the full report, or pack again from the inputs")
+    recorded = (old.get("balance") or {}).get("cost_model")  # the config it was read from may be elsewhere now
+    config = repack_config(old["config"], settings, CostModel(**recorded) if recorded else None)
     layout = _split_layout(layout or old.get("layout") or DEFAULT_LAYOUT, bool(old.get("validation")))
     target = OutputFolder(output, overwrite)
     check_target(source, target)
@@ -109,7 +116,9 @@ def repack(folder, output, *, overwrite: bool = False, num_proc: int | None = No
         runs = runs_per_item(len(shards.paths), engine.workers)
         tasks = shards.tasks(runs)
         with Progress(progress, len(tasks), "read lengths", "tasks") as bar:
-            stored = Stored.join(shards, _counted(engine.map(read_lengths, shards, tasks), bar))
+            found = list(_counted(engine.map(read_lengths, shards, tasks), bar))
+        check_stored(source, old, found)
+        stored = Stored.join(shards, found)
         mixture = folder_mixture(old)
         accepted = check_cuts(source, old, config, stored, mixture, accept_truncated)
         with target.staging() as tmp, ThreadPoolExecutor(1) as background:
@@ -215,7 +224,8 @@ def write_output(tmp, store: TokenStore, ledger: Ledger, config: PackConfig, eng
     manifest = _manifest(config, info or described(), ledger, sequences, segments, shards, supervised)
     del segments
     if mixture is not None:
-        manifest["counts"]["unsampled"] = int(len(selection.unsampled))
+        # records, not sequences (a record may be several); repack's store lacks the unsampled records
+        manifest["counts"]["unsampled"] = int((np.frombuffer(ledger.status, dtype=np.uint8) == UNSAMPLED).sum())
         manifest["mixture"] = mixture.table(records, lengths, manifest["inputs"])
     if validation is not None:
         manifest["validation"] = {**validation, "size": mixture.validation_size, "members": membership(
