@@ -25,7 +25,7 @@ import numpy as np
 from .errors import ConfigError
 from .normalize import FORMATS
 from .packing import Bins
-from .read import Source, resolve_inputs
+from .read import STDIN, Source, resolve_inputs
 from .settings import check_choice, check_copies, check_mix_weight, check_validation_size
 
 MIX_KEYS = ("path", "name", "weight", "share", "format", "messages_field")
@@ -178,6 +178,8 @@ def open_inputs(inputs: list[str], mix: str | None, validation_size: float | Non
 def resolve_mix(mix: list[MixSource]) -> tuple[list[Source], list[int]]:
     """The input files of every source, in order, and the source each file belongs to."""
     files, groups = [], []
+    if sum(source.path in STDIN for source in mix) > 1:
+        raise ConfigError("standard input ('-') is given twice; it can be read once: give it once")
     for number, source in enumerate(mix):
         for found in resolve_inputs([source.path]):
             found.format, found.messages_field = source.format, source.messages_field
