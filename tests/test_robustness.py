@@ -258,30 +258,28 @@ def stop_at(args: list[str], out: Path, moment: str, stop: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def mid_input(tmp_path_factory) -> Path:
-    """examples/chats.jsonl twice over: a run of a few seconds, with shards enough to stop between."""
-    path = tmp_path_factory.mktemp("mid") / "chats.jsonl"
-    path.write_bytes(EXAMPLE_CHATS.read_bytes() * 2)
-    return path
+def packed_small(tmp_path_factory) -> Path:
+    """examples/chats.jsonl packed with a validation split into small shards: repack's input."""
+    packed = tmp_path_factory.mktemp("packed") / "packed"
+    packprep.pack(str(EXAMPLE_CHATS), str(packed), TOKENIZER, max_len=512, num_proc=1, validation_size=0.1,
+                  shard_size="32KB")
+    return packed
 
 
-@pytest.mark.parametrize("stop, moment", [(signal.SIGINT, m) for m in MOMENTS] +
-                         [(signal.SIGTERM, "started"), (signal.SIGTERM, "manifest")])
-def test_a_stop_at_any_moment_of_pack_with_a_validation_split(tmp_path, mid_input, stop, moment):
+@pytest.mark.parametrize("stop, moment", [(signal.SIGINT, "started"), (signal.SIGINT, "validation"),
+                                          (signal.SIGTERM, "train"), (signal.SIGINT, "manifest")])
+def test_a_stop_at_any_moment_of_pack_with_a_validation_split(tmp_path, stop, moment):
     out = tmp_path / "out"
-    stop_at(["pack", str(mid_input), "-t", TOKENIZER, "-o", str(out), "--max-len", "512", "--num-proc", "2", "-q",
-             "--validation-size", "0.1", "--shard-size", "64KB"], out, moment, stop)
+    stop_at(["pack", str(EXAMPLE_CHATS), "-t", TOKENIZER, "-o", str(out), "--max-len", "512", "--num-proc", "2", "-q",
+             "--validation-size", "0.1", "--shard-size", "32KB"], out, moment, stop)
 
 
-@pytest.mark.parametrize("stop, moment", [(signal.SIGINT, "started"), (signal.SIGINT, "train"),
-                                          (signal.SIGTERM, "manifest")])
-def test_a_stop_at_any_moment_of_repack(tmp_path, mid_input, stop, moment):
-    packed = tmp_path / "packed"
-    packprep.pack(str(mid_input), str(packed), TOKENIZER, max_len=512, num_proc=1, validation_size=0.1,
-                  shard_size="64KB")
+@pytest.mark.parametrize("stop, moment", [(signal.SIGTERM, "started"), (signal.SIGINT, "train")])
+def test_a_stop_at_any_moment_of_repack(tmp_path, packed_small, stop, moment):
     out = tmp_path / "out"
-    stop_at(["repack", str(packed), "-o", str(out), "--strategy", "bfd", "--num-proc", "2", "-q"], out, moment, stop)
-    assert packprep.verify(packed).ok, "the folder read is untouched"
+    stop_at(["repack", str(packed_small), "-o", str(out), "--strategy", "bfd", "--num-proc", "2", "-q"], out, moment,
+            stop)
+    assert packprep.verify(packed_small).ok, "the folder read is untouched"
 
 
 def test_a_ctrl_c_while_the_data_guard_forks_is_not_lost():
