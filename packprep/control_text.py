@@ -66,13 +66,15 @@ class ControlText:
             return any(map(self._spells, value))
         return False
 
-    def spells(self, conversation: Conversation) -> bool:
-        """Whether any string of the conversation spells a special token."""
+    def spells(self, conversation: Conversation, variables: dict | None = None) -> bool:
+        """Whether any string of the conversation (its own template kwargs too) or of the run's template
+        ``variables`` spells a special token."""
         if self._find is None:
             return False
         if conversation.text is not None:
             return self._spells(conversation.text)
-        return self._spells(conversation.messages) or self._spells(conversation.tools)
+        return (self._spells(conversation.messages) or self._spells(conversation.tools)
+                or self._spells(conversation.template_kwargs) or self._spells(variables))
 
     def _mask(self, value, found: list[str]):
         if isinstance(value, str):
@@ -83,13 +85,16 @@ class ControlText:
             return [self._mask(v, found) for v in value]
         return value
 
-    def render(self, render, conversation: Conversation) -> Rendered:
-        """``render(conversation)`` with the control text of its strings kept as text (``markup`` set)."""
+    def render(self, render, conversation: Conversation, variables: dict | None = None) -> Rendered:
+        """``render(conversation)`` with the control text of its strings, its template kwargs and the run's
+        template ``variables`` (``--template-arg``) kept as text (``markup`` set)."""
         if conversation.text is not None:
             return replace(render(conversation), markup=[])  # plain text: all of it is content
         found: list[str] = []
+        spelled = {k: v for k, v in (variables or {}).items() if self._spells(v)}  # given again, masked, as kwargs
+        kwargs = {**spelled, **(conversation.template_kwargs or {})}
         masked = replace(conversation, messages=self._mask(conversation.messages, found),
-                         tools=self._mask(conversation.tools, found))
+                         tools=self._mask(conversation.tools, found), template_kwargs=self._mask(kwargs, found) or None)
         rendered = render(masked)  # a record split by --turn-context exact: each sequence unmasked alike
         return replace(self._unmask(rendered, found), earlier=[self._unmask(e, found) for e in rendered.earlier])
 
@@ -126,14 +131,14 @@ class ControlText:
 def render_record(template, conversation: Conversation, train_on: str, turn_context: str,
                   control: ControlText | None) -> Rendered:
     """The conversation rendered with its own template variables; where ``control`` is given and its
-    strings spell a special token, with that text kept as text (pack and retokenize render alike)."""
-    template = template.with_variables(conversation.template_kwargs)
+    strings (or the template variables given) spell a special token, with that text kept as text
+    (pack and retokenize render alike)."""
 
     def render(c: Conversation) -> Rendered:
-        return render_conversation(template, c, train_on, turn_context)
+        return render_conversation(template.with_variables(c.template_kwargs), c, train_on, turn_context)
 
-    if control is not None and control.spells(conversation):
-        return control.render(render, conversation)
+    if control is not None and control.spells(conversation, template.variables):
+        return control.render(render, conversation, template.variables)
     return render(conversation)
 
 

@@ -78,21 +78,31 @@ def shape_cost(shape: dict, source: str = "default") -> CostModel:
     return CostModel(per_token=6.0 * macs, per_square=7.0 * square_macs, source=source)
 
 
-def model_cost(config_path: str | os.PathLike | None = None) -> CostModel:
-    """The cost model of the transformers ``config.json`` at ``config_path`` (a folder holding one
-    works too), or of :data:`DEFAULT_SHAPE` when None."""
-    if config_path is None:
-        return shape_cost(DEFAULT_SHAPE, "default")
+def read_model_shape(config_path: str | os.PathLike) -> tuple[dict, str]:
+    """The decoder's shape in the transformers ``config.json`` at ``config_path`` (a folder holding one
+    works too), and the file's path; its numbers are checked by ``settings.check_model_config``."""
     path = os.path.join(config_path, "config.json") if os.path.isdir(config_path) else os.fspath(config_path)
     try:
         with open(path, encoding="utf-8") as handle:
             config = json.load(handle)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"--model-config {path}: cannot read a JSON model config ({exc})") from None
+    if not isinstance(config, dict) or not isinstance(config.get("text_config") or {}, dict):
+        what = "its text_config is not an object" if isinstance(config, dict) else "it is not a JSON object"
+        raise ConfigError(f"--model-config {path}: {what}; give a transformers config.json of a decoder "
+                          "(Llama, Qwen, Mistral...)")
     config = config.get("text_config") or config  # a multimodal config keeps the decoder's shape there
     missing = [key for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
-               if not isinstance(config.get(key), int)]
+               if isinstance(config.get(key), bool) or not isinstance(config.get(key), int)]
     if missing:
         raise ConfigError(f"--model-config {path}: no integer {', '.join(missing)}; give a transformers "
                           "config.json of a decoder (Llama, Qwen, Mistral...)")
-    return shape_cost(config, str(path))
+    return config, str(path)
+
+
+def model_cost(config_path: str | os.PathLike | None = None) -> CostModel:
+    """The cost model of the transformers ``config.json`` at ``config_path`` (a folder holding one
+    works too), or of :data:`DEFAULT_SHAPE` when None."""
+    if config_path is None:
+        return shape_cost(DEFAULT_SHAPE, "default")
+    return shape_cost(*read_model_shape(config_path))

@@ -233,16 +233,18 @@ def _normalized(context: EncodeContext, part: Part, records: Iterable[Record], l
                 raise Rejected("the record has both 'conversations' and 'messages'; pass --messages-field to say "
                                "which holds the conversation", "ambiguous_record")
             conversation = normalize(data, own, fields, context.policy)
-            _check_size(conversation, context.config.max_record_chars)
+            _check_size(conversation, context.config.max_record_chars, context.config.template_args)
             yield number, record, conversation
         except Rejected as exc:
             yield number, record, exc
 
 
-def _check_size(conversation: Conversation, limit: int) -> None:
+def _check_size(conversation: Conversation, limit: int, template_args: dict | None = None) -> None:
     """Reject a record whose text is over ``limit`` characters before it is rendered: rendering and
-    tokenizing 50 MB takes minutes and GBs in one worker, with no word, for --max-len tokens."""
-    size = _chars([conversation.messages, conversation.tools, conversation.text])
+    tokenizing 50 MB takes minutes and GBs in one worker, with no word, for --max-len tokens. The text
+    the template is given beside the messages (``--template-arg``, the record's kwargs) counts too."""
+    size = _chars([conversation.messages, conversation.tools, conversation.text, conversation.template_kwargs,
+                   template_args])
     if size > limit:
         raise Rejected(f"the record holds {size:,} characters of text, over --max-record-chars {limit:,}; raise "
                        "it to pack the record anyway (slow; cut per --overlong)", "record_too_long")

@@ -25,11 +25,13 @@ import numpy as np
 from .errors import ConfigError
 from .normalize import FORMATS
 from .packing import Bins
-from .read import Source, resolve_inputs
-from .settings import check_choice, check_validation_size
+from .read import STDIN, Source, resolve_inputs
+from .settings import check_choice, check_copies, check_mix_weight, check_validation_size
 
 MIX_KEYS = ("path", "name", "weight", "share", "format", "messages_field")
 SHARE_TOLERANCE = 1e-6
+MIX_FILE_BYTES = 10_000_000  # a mixture file lists sources: more is not one
+MIX_VALUES = 100_000  # values a mixture file may hold once its YAML aliases are expanded (an alias bomb: billions)
 
 
 @dataclass
@@ -56,16 +58,15 @@ def load_mix(path: str | os.PathLike | None, inputs: list[str] = ()) -> list[Mix
     sources = [MixSource(spec, spec, weight=1.0) for spec in inputs]
     if path is None:
         return sources
+    text = _read_mix(Path(path))
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"--mix {path}: cannot read it ({exc.strerror or exc})") from None
-    try:
-        import yaml
-
-        data = yaml.safe_load(text) if not str(path).endswith(".json") else json.loads(text)
+        data = json.loads(text) if str(path).endswith(".json") else _load_yaml(text)
     except Exception as exc:
-        raise ConfigError(f"--mix {path}: not valid YAML or JSON ({str(exc).splitlines()[0]})") from None
+        raise ConfigError(f"--mix {path}: not valid {'JSON' if str(path).endswith('.json') else 'YAML'} "
+                          f"({_where(exc)})") from None
+    if _values(data) > MIX_VALUES:
+        raise ConfigError(f"--mix {path}: holds more than {MIX_VALUES:,} values once its aliases are expanded; a "
+                          "mixture file lists sources (an alias bomb is refused)")
     entries = data.get("sources") if isinstance(data, dict) else data
     if not isinstance(entries, list) or not entries:
         raise ConfigError(f"--mix {path}: expected a list of sources (or a 'sources:' key holding one), "
@@ -80,14 +81,64 @@ def load_mix(path: str | os.PathLike | None, inputs: list[str] = ()) -> list[Mix
     return sources
 
 
+def _read_mix(path: Path) -> str:
+    """The mixture file's text: a regular file of at most ``MIX_FILE_BYTES`` (a FIFO or a device would
+    block, or never end)."""
+    try:
+        if not path.is_file():
+            raise ConfigError(f"--mix {path}: not a regular file; give a YAML or JSON file" if path.exists()
+                              else f"--mix {path}: no such file")
+        if path.stat().st_size > MIX_FILE_BYTES:
+            raise ConfigError(f"--mix {path}: {path.stat().st_size:,} bytes; a mixture file lists sources "
+                              f"(at most {MIX_FILE_BYTES:,} bytes)")
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"--mix {path}: cannot read it ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"--mix {path}: not UTF-8 text (byte {exc.start})") from None
+
+
+def _load_yaml(text: str):
+    import yaml
+
+    return yaml.safe_load(text)
+
+
+def _where(exc: Exception) -> str:
+    """A parse error's line and column (YAML's problem mark, JSON's lineno), then what is wrong."""
+    mark = getattr(exc, "problem_mark", None)
+    if mark is not None:
+        return f"line {mark.line + 1}, column {mark.column + 1}: {getattr(exc, 'problem', None) or exc}"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"line {exc.lineno}, column {exc.colno}: {exc.msg}"
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def _values(data, budget: int = MIX_VALUES + 1) -> int:
+    """How many values ``data`` holds, counting a shared (aliased) one each time it appears; stops
+    counting past ``budget``."""
+    count, stack = 0, [data]
+    while stack and count < budget:
+        value = stack.pop()
+        count += 1
+        if isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    return count
+
+
 def _mix_source(entry, where: str, base: Path) -> MixSource:
     if isinstance(entry, str):
         entry = {"path": entry}
-    if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
+    if not isinstance(entry, dict) or not isinstance(entry.get("path"), str) or not entry["path"].strip():
         raise ConfigError(f"{where}: needs a 'path' (a file, folder, pattern or Hub id)")
-    unknown = sorted(set(entry) - set(MIX_KEYS))
+    unknown = sorted(map(str, set(entry) - set(MIX_KEYS)))
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(MIX_KEYS)})")
+    for key in ("name", "messages_field"):
+        if entry.get(key) is not None and not isinstance(entry[key], str):
+            raise ConfigError(f"{where}: {key} must be text, not {str(entry[key])[:60]}")
     if "weight" in entry and "share" in entry:
         raise ConfigError(f"{where}: give a 'weight' or a 'share', not both")
     local = str(base / entry["path"])  # a file, folder or pattern beside the mixture file
@@ -102,9 +153,7 @@ def _mix_source(entry, where: str, base: Path) -> MixSource:
         if not 0 < source.share < 1 + SHARE_TOLERANCE:
             raise ConfigError(f"{where}: share must be above 0 and at most 1, not {source.share}")
     else:
-        source.weight = _number(entry.get("weight", 1), "weight", where)
-        if source.weight < 0:
-            raise ConfigError(f"{where}: weight must be 0 or more, not {source.weight}")
+        source.weight = check_mix_weight(where, entry.get("weight", 1))
     return source
 
 
@@ -129,6 +178,8 @@ def open_inputs(inputs: list[str], mix: str | None, validation_size: float | Non
 def resolve_mix(mix: list[MixSource]) -> tuple[list[Source], list[int]]:
     """The input files of every source, in order, and the source each file belongs to."""
     files, groups = [], []
+    if sum(source.path in STDIN for source in mix) > 1:
+        raise ConfigError("standard input ('-') is given twice; it can be read once: give it once")
     for number, source in enumerate(mix):
         for found in resolve_inputs([source.path]):
             found.format, found.messages_field = source.format, source.messages_field
@@ -188,6 +239,7 @@ def plan_selection(mix: list[MixSource], group_of: np.ndarray, lengths: np.ndarr
             members = np.flatnonzero((group_of == number) & ~held_out)
             if not len(members) or not lengths[members].sum():
                 raise ConfigError(f"mixture source {source.name!r} has no records left to reach its share")
+            check_copies(source.name, int(source.share * total // max(1, int(lengths[members].sum()))) + 1)
             copies[members] = _to_tokens(lengths[members], source.share * total, _rng(seed, number))
     return Selection.from_copies(copies, held_out)
 

@@ -19,8 +19,8 @@ import numpy as np
 
 from . import __version__
 from .balance import balance_bins, balance_summary
+from .cost import CostModel
 from .card import length_histograms, render_card
-from .cost import model_cost
 from .encode import Encoding
 from .ledger import Ledger, top_reasons
 from .engines import TASKS_PER_WORKER, Engine, LocalEngine, make_engine, runs_per_item
@@ -37,12 +37,12 @@ from .json_scan import scan_json_chunk
 from .parts import Part, PartPlan
 from .read import Source, file_sha256
 from .settings import PackConfig, RunOptions, repack_config  # PackConfig also as packprep.pipeline.PackConfig, as before
-from .repack import (Stored, StoredShards, check_cuts, check_target, folder_mixture, place, read_lengths,
-                     rebuild_ledger, repacked_from, write_tokens)
+from .repack import (Stored, StoredShards, check_cuts, check_stored, check_target, folder_mixture, place,
+                     read_lengths, rebuild_ledger, repacked_from, write_tokens)
 from .split import membership
 from .tokenization import tokenizer_fingerprint
-from .verification import (Report, ShardCheck, ShardContext, check_part, check_rows, check_tasks, join_checks,
-                           joined_check, read_manifest, verify)
+from .verification import (Report, ShardCheck, ShardContext, check_footers, check_part, check_rows, check_tasks,
+                           join_checks, joined_check, read_manifest, verify)
 from .write import (OutputFolder, finish_shards, join_shard, parse_size, prepare_shards, shard_pieces, write_files,
                     write_piece, writers)
 
@@ -103,7 +103,13 @@ def repack(folder, output, *, overwrite: bool = False, num_proc: int | None = No
     if old.get("layout") == TREE_LAYOUT.name:
         raise ConfigError(f"{source}: shared-prefix rows cannot be repacked (each is a record's prefix tree, which "
                           "repack's sequences do not describe); pack again from the inputs")
-    config = repack_config(old["config"], settings)
+    damage = check_footers(source).failures
+    if damage:
+        raise InputError(f"{source} is damaged, so repack cannot rebuild its sequences: "
+                         f"{'; '.join(map(str, damage[:3]))}{'; ...' if len(damage) > 3 else ''}. Run packprep verify "
+                         f"{source} for the full report, or pack again from the inputs")
+    recorded = (old.get("balance") or {}).get("cost_model")  # the config it was read from may be elsewhere now
+    config = repack_config(old["config"], settings, CostModel(**recorded) if recorded else None)
     layout = _split_layout(layout or old.get("layout") or DEFAULT_LAYOUT, bool(old.get("validation")))
     target = OutputFolder(output, overwrite)
     check_target(source, target)
@@ -113,7 +119,9 @@ def repack(folder, output, *, overwrite: bool = False, num_proc: int | None = No
         runs = runs_per_item(len(shards.paths), engine.workers)
         tasks = shards.tasks(runs)
         with Progress(progress, len(tasks), "read lengths", "tasks") as bar:
-            stored = Stored.join(shards, _counted(engine.map(read_lengths, shards, tasks), bar))
+            found = list(_counted(engine.map(read_lengths, shards, tasks), bar))
+        check_stored(source, old, found)
+        stored = Stored.join(shards, found)
         mixture = folder_mixture(old)
         accepted = check_cuts(source, old, config, stored, mixture, accept_truncated)
         with target.staging() as tmp, ThreadPoolExecutor(1) as background:
@@ -226,7 +234,8 @@ def write_output(tmp, store: TokenStore, ledger: Ledger, config: PackConfig, eng
     manifest = _manifest(config, info or described(), ledger, sequences, segments, shards, supervised)
     del segments
     if mixture is not None:
-        manifest["counts"]["unsampled"] = int(len(selection.unsampled))
+        # records, not sequences (a record may be several); repack's store lacks the unsampled records
+        manifest["counts"]["unsampled"] = int((np.frombuffer(ledger.status, dtype=np.uint8) == UNSAMPLED).sum())
         manifest["mixture"] = mixture.table(records, lengths, manifest["inputs"])
     if validation is not None:
         manifest["validation"] = {**validation, "size": mixture.validation_size, "members": membership(
@@ -310,7 +319,7 @@ def _pack(store: TokenStore, config: PackConfig, ledger: Ledger, rounds: list[np
                 ledger.status[source_index] = SPLIT
     if config.balance_dp:
         return balance_bins(bins, lengths, config.max_len, config.balance_dp, config.rows_per_step,
-                            cost=model_cost(config.model_config), seed=config.seed, sampler=config.balance_sampler)
+                            cost=config.cost(), seed=config.seed, sampler=config.balance_sampler)
     del lengths  # the planner's arrays are the driver's peak: free what is done before the next
     return order_bins(bins, config.row_order, config.seed)
 
@@ -361,7 +370,7 @@ def _manifest(config, described: dict, ledger, sequences: int, segments, shards,
         "length_histograms": length_histograms(row_lengths, segments.length, config.max_len),
         "shards": shards,
         **({"balance": balance_summary(segments.length, segments.offsets, config.balance_dp, config.rows_per_step,
-                                       config.balance_sampler, model_cost(config.model_config), config.seed)}
+                                       config.balance_sampler, config.cost(), config.seed)}
            if config.balance_dp else {}),
     }
 

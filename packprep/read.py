@@ -70,10 +70,12 @@ def resolve_inputs(inputs: list[str]) -> list[Source]:
     """
     if not inputs:
         raise ConfigError("no input given: pass one or more files, folders or Hub dataset ids")
+    if sum(spec in STDIN for spec in inputs) > 1:
+        raise ConfigError("standard input ('-') is given twice; it can be read once: give it once")
     sources = []
     for spec in inputs:
         if spec in STDIN:
-            found = [Source(_spool_stdin(), "jsonl")]
+            found = [Source(spool_stdin(), "jsonl")]
         elif not Path(spec).exists() and any(c in spec for c in GLOB_CHARACTERS):
             matches = sorted(glob.glob(os.path.expanduser(spec), recursive=True))
             if not matches:
@@ -88,7 +90,7 @@ def resolve_inputs(inputs: list[str]) -> list[Source]:
 STDIN = ("-", "/dev/stdin")
 
 
-def _spool_stdin() -> str:
+def spool_stdin() -> str:
     """Standard input copied to a temporary file (removed at exit): a run reads its inputs more than
     once (the format, the parts, the manifest's sha256). JSON Lines, or one JSON array."""
     import atexit

@@ -142,6 +142,8 @@ class ChatTemplate:
                 messages=messages, tools=tools, documents=None, add_generation_prompt=add_generation_prompt,
                 **self._special, **self.variables,
             )
+        except Rejected:  # the record's own fault, said already (a rendering past its size limit)
+            raise
         except Exception as exc:  # jinja raise_exception, TemplateError, TypeError from bad data
             rejected = Rejected(template_refusal(messages, exc), "template_error")
             rejected.template_error = exc  # for a reason in the whole conversation's terms (render_conversation)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import ConfigError
+from .errors import ConfigError, InputError
 from .fates import DROPPED, EMPTIED, PACKED, REJECTED, TRUNCATED, UNSAMPLED
 from .layout import IGNORE_INDEX, ShardReader, list_column
 from .ledger import Ledger
@@ -40,7 +40,8 @@ TOKEN_COLUMNS = ("ids", "labels")  # the token store's two files (materialize.sp
 
 
 def check_target(folder: Path, target: OutputFolder) -> None:
-    """Refuse an output folder that is the folder read, or inside it."""
+    """Refuse an output folder that is the folder read, or inside it (through symbolic links too)."""
+    folder = folder.resolve()
     if target.final == folder or folder in target.final.parents:
         raise ConfigError(f"{target.final} is {folder} or inside it; choose another output folder")
     target.check()
@@ -52,6 +53,23 @@ def repacked_from(folder: Path, manifest: dict) -> dict:
     return {"repacked_from": {"path": str(folder), "max_len": manifest["config"]["max_len"],
                               "truncated_as_stored": counts["truncated"],
                               "dropped_as_stored": counts["rejected_by_reason"].get("overlong", 0)}}
+
+
+def check_stored(folder: Path, manifest: dict, found: list[dict]) -> None:
+    """Refuse a folder whose shards' sequences (pass 1's ``found``) are not those its manifest counts:
+    a shard swapped for one of another folder, say, of the same size and rows."""
+    validation = manifest.get("validation") or {}
+    sequences = sum(len(f["lengths"]) for f in found)
+    tokens = sum(int(f["lengths"].sum()) for f in found)
+    records = max((int(f["records"].max()) for f in found if len(f["records"])), default=-1)
+    said = (manifest["sequences"] + validation.get("sequences", 0),
+            manifest["tokens"]["total"] + (validation.get("tokens") or {}).get("total", 0))
+    low = min((int(f["records"].min()) for f in found if len(f["records"])), default=0)
+    if (sequences, tokens) != said or records >= manifest["counts"]["records"] or low < 0:
+        raise InputError(f"{folder} is damaged, so repack cannot rebuild its sequences: its shards hold {sequences:,} "
+                         f"sequences of {tokens:,} tokens (input records up to {records:,}); the manifest says "
+                         f"{said[0]:,} of {said[1]:,} from {manifest['counts']['records']:,} records. Run packprep "
+                         f"verify {folder} for the full report, or pack again from the inputs")
 
 
 @dataclass

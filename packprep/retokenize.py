@@ -21,7 +21,7 @@ import numpy as np
 from .layout import IGNORE_INDEX, ShardReader
 from .normalize import FieldNames, Policy, Rejected, detect_format, fit_to_template, normalize
 from .parts import stream_records
-from .read import file_sha256, resolve_inputs
+from .read import STDIN, file_sha256, resolve_inputs, spool_stdin
 from .control_text import ControlText, render_record
 from .encode import chosen_record
 from .render import ChatTemplate, Rendered
@@ -120,19 +120,37 @@ def _records(manifest: dict, wanted: list[int]) -> dict[int, tuple[str, object, 
         if not mine:
             continue
         path, records, why = entry["path"], {}, None
+        stdin = entry.get("named") in STDIN  # its copy was removed when pack ended: read it again, here
         try:
-            if entry.get("sha256") and Path(path).is_file() and file_sha256(path) != entry["sha256"]:
-                why = f"{path} changed since it was packed (sha256 differs)"
-            else:
+            if stdin:
+                path, why = _stdin_again(entry)
+            if why is None and entry.get("sha256") and Path(path).is_file() and file_sha256(path) != entry["sha256"]:
+                why = (f"standard input is not the data packed from it (sha256 differs); {STDIN_AGAIN}" if stdin
+                       else f"{path} changed since it was packed (sha256 differs)")
+            elif why is None:
                 (source,) = resolve_inputs([path])
                 records = {k: r for k, r in enumerate(islice(stream_records(source), max(mine) + 1)) if k in mine}
         except Exception as exc:  # the input moved, or cannot be read from here
             why = f"cannot read {path} ({exc}); run verify where pack ran"
+        path = "standard input" if stdin else path
         for k, i in mine.items():
             record = records.get(k)
             where = f"{path}, line {record.line}" if record is not None and record.line else f"{path}, record {k}"
             found[i] = (where, None, why or "the record is missing") if record is None else (where, record.data, entry["format"])
     return found
+
+
+STDIN_AGAIN = "pipe the same data into verify (cat chats.jsonl | packprep verify DIR --retokenize N)"
+
+
+def _stdin_again(entry: dict) -> tuple[str | None, str | None]:
+    """The copy of standard input to rebuild records from, where verify's own standard input is piped
+    data (else why not)."""
+    import sys
+
+    if sys.stdin is None or sys.stdin.isatty():
+        return None, f"the input was read from standard input ('-'), which is not kept; {STDIN_AGAIN}"
+    return spool_stdin(), None
 
 
 def _remake(found, fields, policy, forced, template, tokenizer, train_on, turn_context, control,

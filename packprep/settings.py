@@ -10,12 +10,13 @@ tokenization.py, ...); the "must be one of" lives only here (tests/test_layering
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 
 from .assistant_turns import REASONING
 from .balance import SAMPLERS, can_balance
 from .control_text import MODES as CONTENT_SPECIAL
-from .cost import model_cost
+from .cost import CostModel, model_cost, read_model_shape
 from .engines import ENGINES
 from .errors import ConfigError
 from .normalize import CONSECUTIVE, FORMATS, LEADING, SYSTEM
@@ -43,12 +44,49 @@ RANGES = {
 REPACK_SETTINGS = ("max_len", "strategy", "seed", "row_order", "samples_per_row")  # what repack may change
 NUM_PROC = (1, 4096)
 RETOKENIZE = (0, 2**31 - 1)
+VALIDATION_RECORDS = 2**40  # --validation-size N: at most this many records
+# a mixture source's weight: copies of each record; more than this is a typo (1e12), and each copy
+# costs a round of packing and memory a sequence, so the copies of a record (weights and shares) stop here
+MIX_WEIGHT = (0, 1000)
+MIX_COPIES = 1000
+# a --model-config's numbers: a decoder's shape (the cost model multiplies them; 0 or less is no model)
+MODEL_SHAPE = {"hidden_size": (1, 2**20), "num_hidden_layers": (1, 2**16), "num_attention_heads": (1, 2**16),
+               "num_key_value_heads": (1, 2**16), "head_dim": (1, 2**20), "intermediate_size": (1, 2**24),
+               "vocab_size": (0, 2**32)}
 
 
 def check_range(option: str, value, low, high) -> None:
-    """A ConfigError naming ``option`` and its allowed range unless ``low <= value <= high``."""
-    if not low <= value <= high:
+    """A ConfigError naming ``option`` and its allowed range unless ``value`` is a number ``low <= value <= high``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{option} must be a number between {low:,} and {high:,}, not {value!r}")
+    if not low <= value <= high:  # NaN fails this too
         raise ConfigError(f"{option} must be between {low:,} and {high:,}, not {value:,}")
+
+
+def check_model_config(path) -> None:
+    """``--model-config``: a readable decoder config whose sizes are a model's (``MODEL_SHAPE``)."""
+    shape, where = read_model_shape(path)
+    for key, (low, high) in MODEL_SHAPE.items():
+        if shape.get(key) is not None or key not in ("num_key_value_heads", "head_dim", "vocab_size"):
+            check_range(f"--model-config {where}: {key}", shape.get(key), low, high)
+
+
+def check_mix_weight(where: str, weight) -> float:
+    """A mixture source's ``weight``: copies of each of its records (a fraction samples them)."""
+    low, high = MIX_WEIGHT
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not low <= weight <= high:
+        why = (": a weight repeats each record that many times, and each copy costs a round of packing and memory"
+               if isinstance(weight, (int, float)) and weight > high else "")
+        raise ConfigError(f"{where}: weight must be between {low:,} and {high:,}, not {weight!r}{why}")
+    return float(weight)
+
+
+def check_copies(name: str, copies: int) -> None:
+    """The most copies of one record a mixture source asks for (its weight, or what its share takes)."""
+    if copies > MIX_COPIES:
+        raise ConfigError(f"mixture source {name!r} would repeat each of its records {copies:,} times; more than "
+                          f"{MIX_COPIES:,} copies is refused (each copy is a round of packing and memory a sequence): "
+                          "lower its weight or share, or give it more records")
 
 
 def check_choice(option: str, value, allowed) -> None:
@@ -105,15 +143,23 @@ class PackConfig:
     chat_template: str | None = None  # which of the tokenizer's named templates; None: "default"
 
     @classmethod
-    def from_settings(cls, settings: dict, command: str = "pack") -> "PackConfig":
-        """The validated config of these settings; an unknown one is a ConfigError naming the known ones."""
+    def from_settings(cls, settings: dict, command: str = "pack", cost: CostModel | None = None) -> "PackConfig":
+        """The validated config of these settings; an unknown one is a ConfigError naming the known ones.
+        ``cost``: the cost model ``model_config`` gave when the folder was packed (repack: not read again)."""
         known = [f.name for f in fields(cls)]
         unknown = sorted(set(settings) - set(known))
         if unknown:
             raise ConfigError(f"unknown setting(s) for {command}: {', '.join(unknown)} (known: {', '.join(known)})")
         config = cls(**settings)
+        config._cost = cost
         config.validate()
         return config
+
+    def cost(self) -> CostModel:
+        """The cost model --balance-dp deals rows by: ``model_config``'s (read once), else the default shape."""
+        if getattr(self, "_cost", None) is None:
+            self._cost = model_cost(self.model_config)
+        return self._cost
 
     def validate(self) -> None:
         check_strategy(self.strategy, self.samples_per_row)
@@ -162,8 +208,8 @@ class PackConfig:
                               "does not model them; leave it off")
 
     def _validate_balance(self) -> None:
-        if self.model_config is not None:
-            model_cost(self.model_config)  # a bad path or shape fails now, before any tokenizing
+        if self.model_config is not None and getattr(self, "_cost", None) is None:
+            check_model_config(self.model_config)  # a bad path or shape fails now, before any tokenizing
         if self.balance_dp is None:
             if self.rows_per_step != 1 or self.balance_sampler != "distributed":
                 raise ConfigError("--rows-per-step and --balance-sampler apply only with --balance-dp N")
@@ -178,13 +224,14 @@ class PackConfig:
                               f"leave --row-order at shuffle, not {self.row_order}")
 
 
-def repack_config(old: dict, changes: dict) -> PackConfig:
-    """A packed folder's config (its manifest's) with ``changes`` (None: keep the folder's), checked."""
+def repack_config(old: dict, changes: dict, cost: CostModel | None = None) -> PackConfig:
+    """A packed folder's config (its manifest's) with ``changes`` (None: keep the folder's), checked;
+    ``cost``: the cost model the folder was balanced with, as its manifest records it."""
     unknown = sorted(set(changes) - set(REPACK_SETTINGS))
     if unknown:
         raise ConfigError(f"repack cannot change {', '.join(unknown)} (only {', '.join(REPACK_SETTINGS)}): "
                           "pack again from the inputs")
-    return PackConfig.from_settings({**old, **{k: v for k, v in changes.items() if v is not None}}, "repack")
+    return PackConfig.from_settings({**old, **{k: v for k, v in changes.items() if v is not None}}, "repack", cost)
 
 
 @dataclass(frozen=True)
@@ -241,5 +288,7 @@ def check_batches(global_batch_size: int, epochs: int) -> None:
 
 def check_validation_size(size: float | None) -> None:
     """``--validation-size``: a fraction of the records, or a whole number of them."""
-    if size is not None and (size <= 0 or (size >= 1 and size != int(size))):
-        raise ConfigError("--validation-size must be a fraction between 0 and 1, or a whole number of records")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, (int, float)) or not math.isfinite(size)
+                             or size <= 0 or (size >= 1 and size != int(size)) or size > VALIDATION_RECORDS):
+        raise ConfigError("--validation-size must be a fraction between 0 and 1, or a whole number of records "
+                          f"(at most {VALIDATION_RECORDS:,}), not {size!r}")

@@ -15,6 +15,8 @@ list form of ``chat_template``) uses ``default`` unless ``--chat-template NAME``
 from __future__ import annotations
 
 import json
+import math
+import re
 from datetime import date, datetime
 
 from .errors import ConfigError
@@ -28,7 +30,7 @@ RESERVED = frozenset({"messages", "tools", "documents", "add_generation_prompt",
 def check_date(text: str) -> date:
     """``--date``: a calendar date written YYYY-MM-DD."""
     try:
-        if len(text) != 10:
+        if not re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", text):  # fromisoformat also takes 2024-W01-1
             raise ValueError
         return date.fromisoformat(text)
     except (TypeError, ValueError):
@@ -59,7 +61,20 @@ def check_template_args(args, what: str = "--template-arg") -> dict:
     taken = sorted(RESERVED & set(args))
     if taken:
         raise ConfigError(f"{what} cannot set {', '.join(taken)}: packprep passes these to the template itself")
+    for key, value in args.items():
+        if not _finite(value):  # NaN and Infinity are not JSON: the manifest records these values
+            raise ConfigError(f"{what} {key}: NaN and Infinity are not JSON numbers; give a finite number or text")
     return args
+
+
+def _finite(value, depth: int = 0) -> bool:
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict) and depth < 100:
+        return all(_finite(v, depth + 1) for v in value.values())
+    if isinstance(value, list) and depth < 100:
+        return all(_finite(v, depth + 1) for v in value)
+    return True
 
 
 class FixedClock:
@@ -79,18 +94,27 @@ def template_variables(day: str = DEFAULT_DATE, args: dict | None = None) -> dic
     return {"strftime_now": FixedClock(fixed), "date_string": fixed.strftime("%d %b %Y"), **(args or {})}
 
 
-def named_templates(value):
+def named_templates(value, where: str = "the tokenizer"):
     """A ``chat_template`` as transformers holds it: a string, or ``{name: template}`` for the list form
     ``[{"name": ..., "template": ...}]`` of tokenizer_config.json."""
     if isinstance(value, list):
-        return {entry["name"]: entry["template"] for entry in value
-                if isinstance(entry, dict) and isinstance(entry.get("name"), str)}
+        named = {}
+        for number, entry in enumerate(value, start=1):
+            if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+                raise ConfigError(f"{where}: chat_template entry {number} has no 'name': each entry of the "
+                                  "list form is {\"name\": ..., \"template\": ...}")
+            if not isinstance(entry.get("template"), str):
+                raise ConfigError(f"{where}: chat template {entry['name']!r} has no 'template' text; fix its "
+                                  "entry in tokenizer_config.json (or chat_template.json)")
+            named[entry["name"]] = entry["template"]
+        return named
     return value
 
 
 def select_template(tokenizer, name: str | None) -> None:
     """Make the named template (``--chat-template``; default ``default``) the tokenizer's only one."""
-    templates = named_templates(getattr(tokenizer, "chat_template", None))
+    where = f"tokenizer {getattr(tokenizer, 'name_or_path', None) or 'given'}"
+    templates = named_templates(getattr(tokenizer, "chat_template", None), where)
     if not isinstance(templates, dict):
         if name not in (None, "default"):
             raise ConfigError(f"--chat-template {name}: the tokenizer has a single chat template, not named ones")
@@ -100,6 +124,8 @@ def select_template(tokenizer, name: str | None) -> None:
         names = ", ".join(sorted(templates)) or "none"
         advice = "pick one with --chat-template NAME" if name is None else "pick one of them"
         raise ConfigError(f"the tokenizer has named chat templates ({names}) and no {chosen!r} one; {advice}")
+    if not isinstance(templates[chosen], str):
+        raise ConfigError(f"{where}: chat template {chosen!r} is not text; fix its entry in tokenizer_config.json")
     tokenizer.chat_template = templates[chosen]
 
 

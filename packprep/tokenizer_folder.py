@@ -20,9 +20,10 @@ import hashlib
 import json
 import os
 import threading
+from itertools import islice
 from pathlib import Path
 
-from .errors import ConfigError
+from .errors import ConfigError, Rejected
 from .template_inputs import DEFAULT_DATE, FixedClock, check_date, named_templates
 
 # Classes that, in transformers 4.45+ and 5.x, load tokenizer.json as it is and add nothing of their
@@ -76,7 +77,7 @@ class FolderTokenizer:
         template_file = folder / "chat_template.jinja"
         self.chat_template = (  # several named templates: {name: template}, as transformers holds them
             template_file.read_text(encoding="utf-8") if template_file.is_file()
-            else named_templates(config.get("chat_template"))
+            else named_templates(config.get("chat_template"), f"tokenizer {folder}")
         )
 
     @property
@@ -146,6 +147,17 @@ def _content(value):
     return value
 
 
+RENDERED_CHARS = 1 << 26  # characters one rendering may write (67M, 6x --max-record-chars: GBs of memory past it)
+
+
+class RenderTooLong(Rejected):
+    """A rendering past :data:`RENDERED_CHARS`: the record is rejected, the run goes on."""
+
+    def __init__(self):
+        super().__init__(f"the chat template renders more than {RENDERED_CHARS:,} characters for this record; "
+                         "it is rejected (rendering on would take GBs of memory)", "render_too_long")
+
+
 def compile_template(template: str):
     """Compile ``template`` in a sandboxed environment set up as transformers sets up its own.
 
@@ -200,7 +212,29 @@ def compile_template(template: str):
             if isinstance(name, str) and name.startswith("_"):
                 raise jinja2.exceptions.SecurityError(f"chat templates cannot set {name!r} on a namespace")
 
-    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols])
+    class Environment(ImmutableSandboxedEnvironment):
+        """Its output, and a string or list a ``*`` makes, stop at :data:`RENDERED_CHARS`: a small record
+        must not render gigabytes (``{{ 'x' * 10**10 }}``, or loops that write on and on)."""
+
+        intercepted_binops = frozenset({"*"})
+
+        def call_binop(self, context, operator, left, right):
+            sized = left if isinstance(left, (str, list)) else right if isinstance(right, (str, list)) else None
+            times = right if sized is left else left
+            if sized is not None and isinstance(times, int) and len(sized) * times > RENDERED_CHARS:
+                raise RenderTooLong()
+            return super().call_binop(context, operator, left, right)
+
+        def concat(self, chunks):  # Template.render's "".join, a batch at a time: as fast, and bounded
+            parts, size, chunks = [], 0, iter(chunks)
+            while batch := list(islice(chunks, 4096)):
+                parts.append("".join(batch))
+                size += len(parts[-1])
+                if size > RENDERED_CHARS:
+                    raise RenderTooLong()
+            return "".join(parts)
+
+    environment = Environment(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols])
     environment.filters["tojson"] = tojson
     environment.globals["raise_exception"] = raise_exception
     environment.globals["strftime_now"] = FixedClock(check_date(DEFAULT_DATE))  # never the clock: template_inputs.py

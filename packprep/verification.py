@@ -257,6 +257,39 @@ def joined_check(parts: list[ShardCheck], shard: dict) -> ShardCheck:
     return check
 
 
+def check_footers(folder: str | Path) -> Report:
+    """What :func:`verify` checks at the cost of reading the manifest, rejects.jsonl and the shards'
+    footers (not their rows): the manifest against its schema, every listed shard there with its size
+    and row count, the counts adding up, rejects.jsonl's entries. ``repack`` runs it before any work."""
+    folder = Path(folder)
+    report = Report()
+    manifest = _load_manifest(folder, report)
+    if manifest is None:
+        return report
+    validation = manifest.get("validation") or {}
+    for entry in [*manifest["shards"], *validation.get("shards", [])]:
+        path = folder / entry["path"]
+        if not path.is_file():
+            report.failures.append(Failure("shard_file", "listed in the manifest but missing", entry["path"]))
+            continue
+        size = path.stat().st_size
+        if entry.get("bytes") is not None and size != entry["bytes"]:
+            report.failures.append(Failure("shard_file", f"{size:,} bytes, the manifest says {entry['bytes']:,}",
+                                           entry["path"]))
+            continue
+        try:
+            rows = ShardReader(path, manifest.get("layout")).num_rows
+        except Exception as exc:  # a footer pyarrow cannot read: any of its errors
+            report.failures.append(Failure("shard_file", f"unreadable: {str(exc)[:200]}", entry["path"]))
+            continue
+        if rows != entry["rows"]:
+            report.failures.append(Failure("shard_file", f"{rows:,} rows, the manifest says {entry['rows']:,}",
+                                           entry["path"]))
+    _check_coverage(folder, manifest, np.zeros(manifest["counts"]["records"], bool), report, judge_packed=False)
+    _check_counts(manifest, report, None)
+    return report
+
+
 def read_manifest(folder: str | Path) -> dict:
     """The manifest of a packed output folder, or a clear error (for the commands that read one)."""
     path = Path(folder) / "packprep.json"

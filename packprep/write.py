@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .errors import ConfigError, OutputError
+from .interrupts import COMMITTED, stops_held
 from .layout import DEFAULT_LAYOUT, FILES, IGNORE_INDEX, ROW_SCHEMA, LayoutContext, ShardReader, get_layout
 from .materialize import Segments, TokenStore, materialize
 from .join import join_pieces
@@ -94,14 +95,17 @@ class OutputFolder:
             raise
 
     def commit(self) -> None:
-        """Move the finished temporary folder into place (replacing the old one under overwrite)."""
+        """Move the finished temporary folder into place (replacing the old one under overwrite), with
+        Ctrl-C held back: a stop lands before (nothing at the path) or after (the folder complete)."""
         old = None
-        if self.final.exists():
-            if not self.overwrite:
-                raise ConfigError(f"{self.final} appeared while packing; pass --overwrite to replace it")
-            old = self.final.parent / f".{self.final.name}.packprep-old-{os.getpid()}"
-            os.rename(self.final, old)
-        os.rename(self.tmp, self.final)
+        with stops_held():
+            if self.final.exists():
+                if not self.overwrite:
+                    raise ConfigError(f"{self.final} appeared while packing; pass --overwrite to replace it")
+                old = self.final.parent / f".{self.final.name}.packprep-old-{os.getpid()}"
+                os.rename(self.final, old)
+            os.rename(self.tmp, self.final)
+            COMMITTED.append(self.final)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
 

@@ -70,7 +70,18 @@ def test_corpus_is_complete():
     """Every file is a case and every case a file (the generator and EXPECTED.json aside)."""
     files = {p.name for p in BAD.iterdir() if not p.name.startswith(("_", "EXPECTED"))}
     assert {case["file"] for case in EXPECTED.values()} == files
-    assert len(files) >= 20 and len(EXPECTED) >= 150
+    assert len(files) >= 20 and len(EXPECTED) >= 170
+
+
+def case_args(spec: dict, source: Path, out: Path) -> list[str]:
+    """``pack``'s arguments for a case: its file as the input, or ``as`` a mixture file or model config."""
+    given, extra = spec.get("as", "input"), spec.get("args", [])
+    if given == "--mix":
+        return pack_args([], out, "--mix", str(source), *extra)
+    if given == "--model-config":
+        return pack_args(BAD / "good_for_settings.jsonl", out, "--balance-dp", "2", "--model-config", str(source), *extra)
+    assert given == "input", given
+    return pack_args(source, out, *extra)
 
 
 @pytest.mark.parametrize("case", sorted(EXPECTED))
@@ -78,7 +89,7 @@ def test_bad_input(case, tmp_path):
     spec = EXPECTED[case]
     source = BAD / spec["file"]
     out = tmp_path / "out"
-    result = invoke(*pack_args(source, out, *spec.get("args", [])))
+    result = invoke(*case_args(spec, source, out))
     assert_clean_exit(result, spec["exit"])
 
     if spec["exit"] != 0:

@@ -113,7 +113,7 @@ def test_the_markup_path_equals_the_plain_path_where_nothing_is_injected(name, m
     encoder = ChatEncoder(load_tokenizer(fixture_tokenizer(name)), backend="hf")
     convs = [c for c in conversations("llamafactory_glaive_toolcall_en_demo.json")[:60] if len(c.messages) < 12]
     plain = encoder.encode(convs)
-    monkeypatch.setattr(ControlText, "spells", lambda self, conversation: True)  # every record through the markup path
+    monkeypatch.setattr(ControlText, "spells", lambda self, conversation, variables=None: True)  # every record through the markup path
     forced = encoder.encode(convs)
     compared = 0
     for a, b in zip(plain, forced):

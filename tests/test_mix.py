@@ -171,7 +171,7 @@ def test_each_round_is_planned_on_its_own_so_copies_never_share_a_row():
 @pytest.mark.parametrize("sources, message", [
     ([{"path": "x.jsonl", "weight": 1, "share": 0.5}], "not both"),
     ([{"path": "x.jsonl", "wieght": 1}], "unknown key(s) wieght"),
-    ([{"path": "x.jsonl", "weight": -1}], "weight must be 0 or more"),
+    ([{"path": "x.jsonl", "weight": -1}], "weight must be between 0 and 1,000, not -1"),
     ([{"path": "x.jsonl", "share": 0.5}, {"path": "y.jsonl", "share": 0.4}], "add up to 0.9"),
     ([{"weight": 1}], "needs a 'path'"),
     ([{"path": "x.jsonl", "weight": 0}], "leaves no record to train on"),

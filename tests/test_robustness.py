@@ -224,6 +224,64 @@ def test_sigint_exits_with_a_clean_message_and_leaves_nothing(tmp_path, big_inpu
     assert siblings(out) == [], "an interrupted run removes its own temporary folder"
 
 
+# A stop at any moment: exit 130 and nothing at DIR, or exit 0 and a verified folder; never a traceback.
+# The signal goes to the whole process group, as a terminal's Ctrl-C does (workers included).
+MOMENTS = {
+    "started": lambda tmp: tmp.exists(),
+    "validation": lambda tmp: any((tmp / "data").glob("validation-*")),
+    "train": lambda tmp: any((tmp / "data").glob("train-*")),
+    "manifest": lambda tmp: (tmp / "packprep.json").exists(),
+}
+
+
+def stop_at(args: list[str], out: Path, moment: str, stop: int) -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "packprep", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=ENV, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    tmp = out.parent / f".{out.name}.packprep-tmp-{proc.pid}"
+    deadline = time.monotonic() + 120
+    while not MOMENTS[moment](tmp) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    try:
+        os.killpg(proc.pid, stop)
+    except ProcessLookupError:  # it finished first
+        pass
+    stdout, stderr = proc.communicate(timeout=60)
+    assert "Traceback" not in stdout + stderr, stderr
+    assert proc.returncode in (0, 130), (proc.returncode, stderr)
+    if proc.returncode == 130:
+        assert "interrupted; no output was written" in stderr
+        assert not out.exists()
+    else:
+        assert packprep.verify(out).ok
+    assert siblings(out) == [], "nothing left beside DIR"
+
+
+@pytest.fixture(scope="module")
+def packed_small(tmp_path_factory) -> Path:
+    """examples/chats.jsonl packed with a validation split into small shards: repack's input."""
+    packed = tmp_path_factory.mktemp("packed") / "packed"
+    packprep.pack(str(EXAMPLE_CHATS), str(packed), TOKENIZER, max_len=512, num_proc=1, validation_size=0.1,
+                  shard_size="32KB")
+    return packed
+
+
+@pytest.mark.parametrize("stop, moment", [(signal.SIGINT, "started"), (signal.SIGINT, "validation"),
+                                          (signal.SIGTERM, "train"), (signal.SIGINT, "manifest")])
+def test_a_stop_at_any_moment_of_pack_with_a_validation_split(tmp_path, stop, moment):
+    out = tmp_path / "out"
+    stop_at(["pack", str(EXAMPLE_CHATS), "-t", TOKENIZER, "-o", str(out), "--max-len", "512", "--num-proc", "2", "-q",
+             "--validation-size", "0.1", "--shard-size", "32KB"], out, moment, stop)
+
+
+@pytest.mark.parametrize("stop, moment", [(signal.SIGTERM, "started"), (signal.SIGINT, "train")])
+def test_a_stop_at_any_moment_of_repack(tmp_path, packed_small, stop, moment):
+    out = tmp_path / "out"
+    stop_at(["repack", str(packed_small), "-o", str(out), "--strategy", "bfd", "--num-proc", "2", "-q"], out, moment,
+            stop)
+    assert packprep.verify(packed_small).ok, "the folder read is untouched"
+
+
 def test_a_ctrl_c_while_the_data_guard_forks_is_not_lost():
     """A signal that arrives while a process forks may have its Python handler run inside the fork's
     after-fork callbacks, where CPython drops the KeyboardInterrupt and the run goes on (the test

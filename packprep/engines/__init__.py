@@ -20,6 +20,8 @@ from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any, Callable, Iterable, Iterator, Protocol
 
+from ..interrupts import ignore_stops, stops_held
+
 ENGINES = ("local", "ray")
 IN_FLIGHT_PER_WORKER = 4  # tasks submitted and not yet collected, per worker: bounds the driver's memory
 TASKS_PER_WORKER = 4  # a stage whose work splits freely makes about this many tasks a worker: they end together
@@ -79,7 +81,10 @@ def _call(fn: Callable, item: Any) -> Any:
 
 def _exit_with_parent(parent: int) -> None:
     """In a forked worker: exit as soon as the process that forked it is gone (killed, say), instead
-    of finishing its task, writing into a run that has ended, and then waiting forever for the next."""
+    of finishing its task, writing into a run that has ended, and then waiting forever for the next.
+    A Ctrl-C (sent to the whole process group) or SIGTERM is the driver's to handle: it stops the
+    workers itself, with no traceback from each (they were forked with both held: ``stops_held``)."""
+    ignore_stops()
 
     def watch():
         while os.getppid() == parent:
@@ -109,12 +114,17 @@ class ForkedWorkers:
                                         initializer=_exit_with_parent, initargs=(os.getpid(),))
 
     def submit(self, fn: Callable[[Any, Any], Any], item: Any) -> Future:
-        return self.pool.submit(_call, fn, item)
+        with stops_held():  # the workers are forked on the first submit
+            return self.pool.submit(_call, fn, item)
 
-    def close(self) -> None:
-        """Cancel the tasks not started and wait for the running ones: none runs after this."""
+    def close(self, stop: bool = False) -> None:
+        """Cancel the tasks not started and wait for the running ones (``stop``: end them now, the run
+        was interrupted): none runs after this."""
         global _CONTEXT
         try:
+            if stop:
+                for process in list((getattr(self.pool, "_processes", None) or {}).values()):
+                    process.kill()
             self.pool.shutdown(wait=True, cancel_futures=True)
         finally:
             gc.unfreeze()
@@ -139,11 +149,15 @@ class LocalEngine:
                 yield fn(context, item)
             return
         pool = ForkedWorkers(context, workers)
+        stop = False
         try:
             yield from ordered(lambda item: pool.submit(fn, item), Future.result, items,
                                workers * IN_FLIGHT_PER_WORKER)
-        finally:  # a failed or abandoned stage does not wait for tasks nobody will collect
-            pool.close()
+        except KeyboardInterrupt:
+            stop = True
+            raise
+        finally:  # a failed or abandoned stage does not wait for tasks nobody will collect; an interrupted one ends them
+            pool.close(stop)
 
     def close(self) -> None:
         pass

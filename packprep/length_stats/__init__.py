@@ -43,7 +43,7 @@ from ..ledger import Ledger, top_reasons
 from ..engines import make_engine
 from ..errors import ConfigError
 from ..normalize import CHANGES
-from ..settings import PackConfig, RunOptions, check_batches, check_steps, check_what_if
+from ..settings import PackConfig, RunOptions, check_batches, check_model_config, check_steps, check_what_if
 from .collect import collect_folder, collect_inputs, distribution, log_histogram, turn_context_costs
 from .mixture import mixture_what_if
 from .plot import plot, require_matplotlib
@@ -114,7 +114,7 @@ def stats(
     engine = make_engine("local", run.num_proc)
     collected = collect_inputs(encoding, tally, max_lens, engine, progress)
     lengths, supervised, turns = collected.lengths, collected.supervised, collected.turns
-    cost = model_cost(config.model_config)
+    cost = config.cost()
     plan = dict(overlong=config.overlong, seed=config.seed, samples_per_row=config.samples_per_row,
                 partition_size=config.partition_size, global_batch_size=global_batch_size, epochs=epochs,
                 dp_size=dp_size, rows_per_step=rows_per_step, cost=cost)
@@ -232,5 +232,9 @@ def _folder_steps(manifest, seq_lengths, per_row, dp_size, rows_per_step, model_
 
     offsets = np.concatenate([[0], np.cumsum(per_row)]).astype(np.int64)
     sampler = (manifest.get("balance") or {}).get("sampler", "distributed")
-    cost = model_cost(model_config or manifest["config"].get("model_config"))
+    recorded = (manifest.get("balance") or {}).get("cost_model")
+    if model_config is not None:
+        check_model_config(model_config)
+    cost = CostModel(**recorded) if recorded and model_config is None else model_cost(
+        model_config or manifest["config"].get("model_config"))
     return balance_summary(seq_lengths, offsets, dp_size, rows_per_step, sampler, cost, manifest["config"]["seed"])

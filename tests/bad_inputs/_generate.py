@@ -178,6 +178,7 @@ def main() -> None:
     ))
 
     issue_24()
+    new_features()
 
 
 # ---- issue 24: hostile input. Each case is (file, about, content, spec); the spec goes to EXPECTED.json.
@@ -364,6 +365,73 @@ def issue_24() -> dict:
        [(1, 2, "record_too_long", "the record holds 2,100,034 characters of text, over --max-record-chars 1,000,000",
          '{"conversations": [{"from": "human"')], args=["--max-record-chars", "1000000"])
 
+    path = HERE / "EXPECTED.json"
+    expected = json.loads(path.read_text(encoding="utf-8"))
+    expected.update(cases)
+    path.write_text(json.dumps(expected, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return cases
+
+
+MODEL = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128}
+MODEL_CONFIGS = [  # (file, content, what the message says): --balance-dp 2 --model-config FILE, before any work
+    ("model_config_list.json", [MODEL], "it is not a JSON object"),
+    ("model_config_text_config_number.json", {**MODEL, "text_config": 5}, "its text_config is not an object"),
+    ("model_config_zero_heads.json", {**MODEL, "num_attention_heads": 0},
+     "num_attention_heads must be between 1 and 65,536, not 0"),
+    ("model_config_huge_size.json", {**MODEL, "hidden_size": 10**30}, "hidden_size must be between 1 and 1,048,576"),
+    ("model_config_text_size.json", {**MODEL, "hidden_size": "64"}, "no integer hidden_size"),
+    ("model_config_negative_hidden.json", {**MODEL, "hidden_size": -64}, "hidden_size must be between 1 and 1,048,576, not -64"),
+    ("model_config_zero_head_dim.json", {**MODEL, "head_dim": 0}, "head_dim must be between 1 and 1,048,576, not 0"),
+    ("model_config_negative_head_dim.json", {**MODEL, "head_dim": -8}, "head_dim must be between 1 and 1,048,576, not -8"),
+]
+BOMB = "".join([f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi")])
+MIXTURES = [  # (file, content, what the message says): --mix FILE, before any work
+    ("mix_messages_field_list.yaml", "- path: good_for_settings.jsonl\n  messages_field: [a, b]\n",
+     "source 1: messages_field must be text, not ['a', 'b']"),
+    ("mix_empty_path.yaml", '- path: ""\n  weight: 1\n', "source 1: needs a 'path'"),
+    ("mix_weight_huge.yaml", "- path: good_for_settings.jsonl\n  weight: 1000000000000\n",
+     "source 1: weight must be between 0 and 1,000, not 1000000000000: a weight repeats each record"),
+    ("mix_validation_nan.yaml", "- path: good_for_settings.jsonl\n", "--validation-size must be a fraction"),
+    ("mix_alias_bomb.yaml", "a: &a [x, x, x, x, x, x, x, x, x]\n" + BOMB
+     + "sources: [{path: good_for_settings.jsonl, name: *i}]\n", "an alias bomb is refused"),
+    ("mix_invalid_yaml.yaml", "- path: good_for_settings.jsonl\n  weight: [1\n- path: other.jsonl\n",
+     "not valid YAML (line 3, column 7: expected ',' or ']'"),
+    ("mix_invalid_json.json", '[{"path": "good_for_settings.jsonl",\n  "weight": }]\n',
+     "not valid JSON (line 2, column 13: Expecting value)"),
+]
+
+
+def new_features() -> dict:
+    """Cases for mixtures, model configs, template inputs and run settings; merged into EXPECTED.json.
+    A case whose file is not an input says how it is given (``as``: ``--mix``, ``--model-config``)."""
+    cases = {}
+    for file, content, message in MODEL_CONFIGS:
+        write(file, json.dumps(content))
+        cases[file] = {"about": "a model config that is no decoder's shape: refused before any work", "file": file,
+                       "as": "--model-config", "exit": 2, "message": [message]}
+    for file, content, message in MIXTURES:
+        write(file, content)
+        cases[file] = {"about": "a mixture file that cannot be right: refused before any work, naming it", "file": file,
+                       "as": "--mix", "exit": 2, "message": [message]}
+    cases["mix_validation_nan.yaml"].update(args=["--validation-size", "nan"], names_file=False)
+    for args, message in [(["--validation-size", "nan"], "--validation-size must be a fraction between 0 and 1"),
+                          (["--validation-size", "inf"], "--validation-size must be a fraction between 0 and 1"),
+                          (["--date", "2024-W01-1"], "--date must be a date written YYYY-MM-DD, not '2024-W01-1'"),
+                          (["--template-arg", "x=NaN"], "--template-arg x: NaN and Infinity are not JSON numbers"),
+                          (["--template-arg", "x=[1, -Infinity]"], "--template-arg x: NaN and Infinity are not JSON")]:
+        cases[f"good_for_settings.jsonl {' '.join(args)}"] = {
+            "about": f"{' '.join(args)}: refused before any work", "file": "good_for_settings.jsonl", "args": args,
+            "exit": 2, "message": [message], "names_file": False}
+    kwargs = {**good(5), "chat_template_kwargs": {"persona": "x" * 600}}
+    write("kwargs_over_max_record_chars.jsonl", lines(good(1), kwargs, good(2)))
+    cases["kwargs_over_max_record_chars.jsonl"] = {
+        "about": "a record whose chat_template_kwargs carry text over --max-record-chars: rejected, the others kept",
+        "file": "kwargs_over_max_record_chars.jsonl", "args": ["--max-record-chars", "500"], "exit": 0,
+        "counts": {"records": 3, "packed": 2, "truncated": 0, "split": 0, "rejected": 1},
+        "rejected_by_reason": {"record_too_long": 1},
+        "rejects": [{"index": 1, "line": 2, "code": "record_too_long",
+                     "reason": "the record holds 645 characters of text, over --max-record-chars 500",
+                     "record": '{"conversations": [{"from": "human"'}]}
     path = HERE / "EXPECTED.json"
     expected = json.loads(path.read_text(encoding="utf-8"))
     expected.update(cases)
