@@ -14,7 +14,11 @@
    padded (``collate_padded``, the same sequences as one right-padded batch a step, SDPA with its mask):
    real tokens/s and the loss of every step in both modes, from the same initial weights.
 
-    python benchmarks/gpu_hybrid.py [--part grads,speed] [--steps 8] [--out results.json]
+    python benchmarks/gpu_hybrid.py [--part speed,grads] [--modes packed,padded] [--paths fla,fallback]
+                                    [--steps 8] [--out results.json]
+    python benchmarks/gpu_hybrid.py --device cpu --part grads --paths fallback   # CPU smoke run
+
+On Hopper, flash-linear-attention 0.6 needs Triton >= 3.7.1 for its gated kernels' backward.
 """
 
 from __future__ import annotations
@@ -181,11 +185,17 @@ def versions() -> dict:
     return found
 
 
+def save(results: dict, path: str) -> None:
+    with open(path, "w") as handle:
+        json.dump(results, handle, indent=1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", default="grads,speed")
+    parser.add_argument("--part", default="speed,grads", help="the parts, run in this order")
     parser.add_argument("--families", default=",".join(FAMILIES))
     parser.add_argument("--paths", default="fla,fallback")
+    parser.add_argument("--modes", default="packed,padded", help="speed part: the modes to time")
     parser.add_argument("--steps", type=int, default=8, help="measured optimizer steps per mode (after 2 warm-up)")
     parser.add_argument("--max-len", type=int, default=4096)
     parser.add_argument("--device", default="cuda", help="cpu: a smoke run of the gradient part (fallback path)")
@@ -194,26 +204,25 @@ def main() -> None:
     attn = register_varlen_attention() or "sdpa"
     results = {**versions(), "grads": [], "speed": []}
     print(json.dumps(results), flush=True)
-    parts = args.part.split(",")
-    if "grads" in parts:
-        for family in args.families.split(","):
+    for part in args.part.split(","):
+        if part == "speed":
+            use_path("fla")
+            steps = steps_of(args.max_len, args.steps + 2, np.random.default_rng(0))
+            for mode in args.modes.split(","):
+                packed = mode == "packed"
+                results["speed"].append(throughput(qwen3_5_1b(), steps, packed, attn if packed else "sdpa"))
+                save(results, args.out)
+            if len(results["speed"]) == 2:
+                pk, pd = results["speed"]
+                print(json.dumps({"packed_over_padded": round(pk["tokens_per_s"] / pd["tokens_per_s"], 2)}), flush=True)
+        for family in args.families.split(",") if part == "grads" else []:
             for path in args.paths.split(","):
                 try:
                     results["grads"].append(gradients(family, path, attn, args.device))
                 except Exception as exc:  # one family's failure is a result, not the end of the run
                     results["grads"].append({"family": family, "path": path, "error": f"{type(exc).__name__}: {exc}"})
                     print(json.dumps(results["grads"][-1])[:2000], flush=True)
-                with open(args.out, "w") as handle:
-                    json.dump(results, handle, indent=1)
-    use_path("fla")
-    if "speed" in parts:
-        steps = steps_of(args.max_len, args.steps + 2, np.random.default_rng(0))
-        for packed in (True, False):
-            results["speed"].append(throughput(qwen3_5_1b(), steps, packed, attn if packed else "sdpa"))
-            with open(args.out, "w") as handle:
-                json.dump(results, handle, indent=1)
-        pk, pd = results["speed"]
-        print(json.dumps({"packed_over_padded": round(pk["tokens_per_s"] / pd["tokens_per_s"], 2)}), flush=True)
+                save(results, args.out)
 
 
 if __name__ == "__main__":
