@@ -18,13 +18,14 @@ datasets = pytest.importorskip("datasets")
 
 import packprep  # noqa: E402
 from packprep.convert import export  # noqa: E402
+from packprep.training.hybrid import FALLBACK  # noqa: E402
 from packprep.training import (PackedDataset, PackingIsolationError, check_pipeline, collate_packed,  # noqa: E402
                             register_packed_layers)
 
 from .conftest import EXAMPLE_CHATS, EXAMPLE_TOKENIZER, slow_but  # noqa: E402
 from .test_trainers import assert_trainer_batches_exact, common_args  # noqa: E402
 
-ATOL = 1e-4
+ATOL = 1e-3  # fp32 rounding (the batched fallback sums in another order than a sequence alone); a leak is 11 to 20
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
 # family -> (the layer type packprep reports, the tiny model's config)
@@ -52,8 +53,7 @@ def tiny(family: str, vocab: int):
     config = FAMILIES[family][1](vocab_size=vocab, hidden_size=64, intermediate_size=128, initializer_range=0.5,
                                  max_position_embeddings=512, pad_token_id=0, use_cache=False)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
-    assert register_packed_layers(model) == {
-        FAMILIES[family][0]: "transformers' torch functions, one packed sequence at a time"}
+    assert register_packed_layers(model) == {FAMILIES[family][0]: FALLBACK}
     return model
 
 

@@ -31,6 +31,8 @@ Everything that needs ``torch`` lives in this package; ``import packprep`` never
               (Gated DeltaNet, Mamba-2, short convolutions) keep packed sequences apart, from the
               ``cu_seq_lens_q``/``seq_idx`` of ``collate_packed`` (see docs/hybrid-models.md); a layer
               type packprep does not cover is refused, named.
+``restarts``  without the kernel packages, those layers' torch functions on a whole packed row in one
+              call, laid out so that every sequence restarts (exact against each sequence alone).
 ``isolation`` ``check_pipeline(collate_fn_or_trainer, model, data)``: one real packed row through
               the user's own collator/Trainer and model, compared with its sequences run alone;
               raises ``PackingIsolationError`` naming the cause. ``check_isolation(model)``: the

@@ -9,7 +9,8 @@ optional kernel packages, those functions refuse the boundaries or ignore them.
 :func:`register_packed_layers` puts packprep's own functions in their place, in the modeling module of
 each covered layer of the given model. With sequence boundaries in the call they keep sequences apart:
 flash-linear-attention's varlen kernels on a CUDA tensor when ``fla`` is installed, else transformers'
-own torch function run on each sequence in turn (exact: the same computation as the sequence alone).
+own torch function, called once on the whole row laid out so that each sequence restarts (``restarts``:
+exact, the computation of the sequence alone).
 Without boundaries they are transformers' functions. A model with a stateful layer type packprep does
 not cover is refused, naming it.
 """
@@ -22,9 +23,11 @@ from typing import Callable
 
 import torch
 
+from . import restarts
 from .layers import BY_CLASS, LayerType, layer_type_of, stateful_layers
 
 _MARK = "_packprep_packed"
+FALLBACK = "transformers' torch functions, the whole packed row in one call"
 
 
 def fla_available() -> bool:
@@ -58,7 +61,7 @@ def register_packed_layers(model) -> dict[str, str]:
         _install(sys.modules[type(module).__module__], layer)
         on_gpu = next(module.parameters()).is_cuda
         used[layer.name] = ("flash-linear-attention varlen kernels" if on_gpu and fla_available()
-                            else "transformers' torch functions, one packed sequence at a time")
+                            else FALLBACK)
     if used:
         check_isolation(model, via_collator=True)
     return used
@@ -95,15 +98,9 @@ def _boundaries(kwargs: dict, length: int) -> torch.Tensor | None:
     return cu.to(torch.long)
 
 
-def _per_sequence(fn: Callable, cu: torch.Tensor, axis: int, args: tuple, kwargs: dict):
-    """``fn`` run on each packed sequence (tensors of >= 3 dims sliced along ``axis``), outputs joined."""
-    bounds = cu.tolist()
-    cut = lambda x, a, b: x.narrow(axis, a, b - a) if isinstance(x, torch.Tensor) and x.dim() >= 3 else x  # noqa: E731
-    outs = [fn(*(cut(x, a, b) for x in args), **{k: cut(v, a, b) for k, v in kwargs.items()})
-            for a, b in zip(bounds[:-1], bounds[1:])]
-    if isinstance(outs[0], tuple):
-        return (torch.cat([o[0] for o in outs], dim=axis),) + (None,) * (len(outs[0]) - 1)
-    return torch.cat(outs, dim=axis)
+def _raw(original: Callable) -> Callable:
+    """transformers' torch function itself, under its kernel-dispatching wrapper (which refuses boundaries)."""
+    return getattr(original, "__wrapped__", original)
 
 
 _BOUNDARY_KEYS = ("cu_seqlens", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
@@ -129,8 +126,7 @@ def _conv(original: Callable) -> Callable:
 
             y, _ = causal_conv1d(x.transpose(1, 2), weight, bias, activation=activation, cu_seqlens=cu)
             return y.transpose(1, 2)
-        raw = getattr(original, "__wrapped__", original)
-        return _per_sequence(lambda part: raw(part, weight, bias, activation=activation), cu, 2, (x,), {})
+        return restarts.causal_conv1d(_raw(original), x, weight, bias, activation, cu)
     return causal_conv1d_fn
 
 
@@ -145,8 +141,8 @@ def _gated_delta_rule(original: Callable) -> Callable:
             from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
 
             return fla_chunk(query, key, value, g=g, beta=beta, use_qk_l2norm_in_kernel=l2norm, cu_seqlens=cu)
-        raw = getattr(original, "__wrapped__", original)
-        return _per_sequence(raw, cu, 1, (query, key, value), {"g": g, "beta": beta, "use_qk_l2norm_in_kernel": l2norm})
+        return restarts.gated_delta_rule(_raw(original), query, key, value, g, beta, cu, use_qk_l2norm_in_kernel=l2norm,
+                                         chunk_size=kwargs.get("chunk_size"))
     return chunk_gated_delta_rule
 
 
@@ -159,8 +155,7 @@ def _mamba2_scan(original: Callable) -> Callable:
         named = {k: kwargs[k] for k in ("D", "dt_bias", "dt_softplus", "dt_limit") if k in kwargs}
         if hidden_states.is_cuda and fla_available():
             return _mamba2_fla(hidden_states, dt, A, B, C, cu, **named)
-        raw = getattr(original, "__wrapped__", original)
-        return _per_sequence(raw, cu, 1, (hidden_states, dt, A, B, C, chunk_size), named)
+        return restarts.mamba2_scan(_raw(original), hidden_states, dt, A, B, C, chunk_size, cu, **named)
     return mamba2_chunk_scan
 
 

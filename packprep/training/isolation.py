@@ -446,7 +446,7 @@ def _refusing_forward(model, batch, head: str):
         raise PackingIsolationError(
             head + f"transformers refuses the batch's sequence boundaries in the model's {', '.join(kinds)} layers "
             f"({exc}). Call packprep.training.register_packed_layers(model) before training: it keeps these layers' "
-            "packed sequences apart without the kernel (exact, one sequence at a time) or with flash-linear-attention "
+            "packed sequences apart without the kernel (exact, the whole row in one call) or with flash-linear-attention "
             "on a GPU.") from exc
 
 
