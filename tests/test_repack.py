@@ -101,11 +101,11 @@ def test_repack_of_a_mixture_and_validation_split_equals_pack(tmp_path):
     packprep.pack([], str(tmp_path / "packed"), TOKENIZER, max_len=8192, strategy="bfd", num_proc=1, **common)
     repack(tmp_path / "old", tmp_path / "repacked", max_len=8192, strategy="bfd", num_proc=1)
     assert files(tmp_path / "repacked") == files(tmp_path / "packed")
-    with pytest.raises(ConfigError, match="drawn with --seed 5"):
+    with pytest.raises(ConfigError, match="drawn with seed 5"):
         repack(tmp_path / "old", tmp_path / "other-seed", seed=6)
-    with pytest.raises(ConfigError, match="would be cut at --max-len 1024"):  # shares drawn from other lengths
+    with pytest.raises(ConfigError, match="would be cut at max_len 1024"):  # shares drawn from other lengths
         repack(tmp_path / "old", tmp_path / "shorter", max_len=1024)
-    with pytest.raises(ConfigError, match="megatron writes files of its own, with no validation split"):
+    with pytest.raises(ConfigError, match="megatron.? writes files of its own, with no validation split"):
         repack(tmp_path / "old", tmp_path / "megatron", layout="megatron")  # before any pass over the shards
     assert not (tmp_path / "megatron").exists()
 
