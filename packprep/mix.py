@@ -287,6 +287,7 @@ class Mixture:
     groups: list[int]
     validation_size: float | None = None
     selection: Selection | None = None
+    accepted: list[int] | None = None  # each source's accepted sequences where the store holds fewer (repack's)
 
     def select(self, records: np.ndarray, input_records: list[int], lengths: np.ndarray, seed: int) -> Selection:
         """Plan the selection of the store's sequences (``records``: each one's input record number)."""
@@ -315,7 +316,8 @@ class Mixture:
             files = [n for n, group in enumerate(self.groups) if group == number]
             rows.append({
                 **source.describe(), "inputs": files, "sha256": [inputs[n]["sha256"] for n in files],
-                "records": sum(inputs[n]["records"] for n in files), "sequences": int(mine.sum()),
+                "records": sum(inputs[n]["records"] for n in files),
+                "sequences": int(mine.sum()) if self.accepted is None else self.accepted[number],
                 "validation_records": len(np.unique(records[mine & held])),
                 "train_records": len(np.unique(records[mine & (copies > 0)])),
                 "train_sequences": int(copies[mine].sum()), "train_tokens": int(tokens[number]),

@@ -216,7 +216,8 @@ def write_output(tmp, store: TokenStore, ledger: Ledger, config: PackConfig, eng
     manifest = _manifest(config, info or described(), ledger, sequences, segments, shards, supervised)
     del segments
     if mixture is not None:
-        manifest["counts"]["unsampled"] = int(len(selection.unsampled))
+        # from the ledger, not the store: repack's store holds only the records the folder packed
+        manifest["counts"]["unsampled"] = int((np.frombuffer(ledger.status, dtype=np.uint8) == UNSAMPLED).sum())
         manifest["mixture"] = mixture.table(records, lengths, manifest["inputs"])
     if validation is not None:
         manifest["validation"] = {**validation, "size": mixture.validation_size, "members": membership(

@@ -11,6 +11,8 @@ An HTML comment on the line before a block (invisible on GitHub) changes how it 
     <!-- doc-test: file NAME -->             the block is a file's content: written to NAME
     <!-- doc-test: before COMMAND -->        COMMAND runs first (to make what the block reads)
     <!-- doc-test: exit N -->               the commands exit with N (a documented refusal)
+    <!-- doc-test: given model tokenizer --> a Python block gets these names, as the page says "your
+                                             model": a tiny random Llama and the Llama-3 tokenizer
 
 Several may share one comment, separated by ``;`` (``before X; exit 2``).
 The sandbox holds the names the pages use, made on first mention (``WORLD``): ``chats.jsonl`` is the
@@ -20,6 +22,7 @@ bundled example, ``./llama3`` the fixtures' Llama-3 tokenizer, ``mix.yaml`` exam
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -48,19 +51,45 @@ def _link(target: Path):
     return lambda dest: dest.symlink_to(target, target_is_directory=target.is_dir())
 
 
+LLAMA_1B = {"model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32,
+            "num_key_value_heads": 8, "intermediate_size": 8192, "vocab_size": 128256}
+
 # the names the pages use, and what they are in the tests: made in the sandbox when a block names them
 WORLD = {
     "chats.jsonl": _link(REPO / "examples" / "chats.jsonl"),
     "mix.yaml": lambda dest: dest.write_text(  # examples/mix.yaml, its paths from the sandbox's root
         (REPO / "examples" / "mix.yaml").read_text().replace("path: chats.jsonl", f"path: {REPO}/examples/chats.jsonl")
         .replace("../../shared/", f"{FIXTURES.parent}/")),
+    "extra.jsonl": _link(FIXTURES / "conversations" / "fastchat_dummy_conversation.json"),
     "llama3": _link(TOKENIZERS / "llama3"),
+    "my-model": lambda dest: (dest.mkdir(), (dest / "config.json").write_text(json.dumps(LLAMA_1B))),
     "qwen3": _template("qwen3"),
     "Qwen3-8B": _template("qwen3"),
     "Llama-3.2-3B-Instruct": _template("llama-3.2"),
     "examples": _link(REPO / "examples"),
     "benchmarks": _link(REPO / "benchmarks"),
 }
+
+
+def _tokenizer():
+    import transformers
+
+    return transformers.AutoTokenizer.from_pretrained(str(TOKENIZERS / "llama3"))
+
+
+def _model():
+    """A tiny random Llama with the Llama-3 vocabulary (the tests' trainers use the same shape)."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=128256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=8192)
+    return transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+
+
+# what a page's Python block may take as given (``<!-- doc-test: given model -->``)
+GIVEN = {"model": _model, "tokenizer": _tokenizer}
 
 
 @dataclass
@@ -125,6 +154,8 @@ class Sandbox:
             if "file" in block.marks:
                 (self.dir / block.marks["file"]).write_text(block.body)
             elif block.lang in ("python", "py"):
+                for name in block.marks.get("given", "").split():
+                    self.python.setdefault(name, GIVEN[name]())
                 exec(compile(block.body, block.where, "exec"), self.python)
             elif block.lang in ("yaml", "yml", "json"):
                 self.data_file(block)
