@@ -11,8 +11,8 @@ An HTML comment on the line before a block (invisible on GitHub) changes how it 
     <!-- doc-test: file NAME -->             the block is a file's content: written to NAME
     <!-- doc-test: before COMMAND -->        COMMAND runs first (to make what the block reads)
     <!-- doc-test: exit N -->               the commands exit with N (a documented refusal)
-    <!-- doc-test: given model tokenizer --> a Python block gets these names, as the page says "your
-                                             model": a tiny random Llama and the Llama-3 tokenizer
+    <!-- doc-test: given model tokenizer --> a Python block gets these names, where the page means "your
+                                             model": a tiny random Llama and the bundled example's tokenizer
 
 Several may share one comment, separated by ``;`` (``before X; exit 2``).
 The sandbox holds the names the pages use, made on first mention (``WORLD``): ``chats.jsonl`` is the
@@ -57,6 +57,8 @@ LLAMA_1B = {"model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 16,
 # the names the pages use, and what they are in the tests: made in the sandbox when a block names them
 WORLD = {
     "chats.jsonl": _link(REPO / "examples" / "chats.jsonl"),
+    "chats-12.jsonl": lambda dest: dest.write_text(  # the example's first 12 conversations: a few rows
+        "".join((REPO / "examples" / "chats.jsonl").read_text().splitlines(keepends=True)[:12])),
     "mix.yaml": lambda dest: dest.write_text(  # examples/mix.yaml, its paths from the sandbox's root
         (REPO / "examples" / "mix.yaml").read_text().replace("path: chats.jsonl", f"path: {REPO}/examples/chats.jsonl")
         .replace("../../shared/", f"{FIXTURES.parent}/")),
@@ -74,17 +76,19 @@ WORLD = {
 def _tokenizer():
     import transformers
 
-    return transformers.AutoTokenizer.from_pretrained(str(TOKENIZERS / "llama3"))
+    return transformers.AutoTokenizer.from_pretrained(str(REPO / "examples" / "tokenizer"))
 
 
 def _model():
-    """A tiny random Llama with the Llama-3 vocabulary (the tests' trainers use the same shape)."""
+    """A tiny random Llama for the bundled example's tokenizer (the shape the tests' trainers use): a block
+    given it reads a folder packed with that tokenizer (``before packprep pack ... -t examples/tokenizer``)."""
     import torch
     import transformers
 
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=128256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=8192)
+    config = transformers.LlamaConfig(vocab_size=len(_tokenizer()), hidden_size=64, intermediate_size=128,
+                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                                      max_position_embeddings=8192)
     return transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
 
 
@@ -209,7 +213,9 @@ class Sandbox:
 
             from packprep.cli import main
 
-            result = CliRunner().invoke(main, [*argv[1:], *(["-q"] if _quietable(argv) else [])])
+            # quiet, and one process: the output is the same with any --num-proc, and small inputs go faster
+            extra = ["-q", *([] if "--num-proc" in argv else ["--num-proc", "1"])] if _quietable(argv) else []
+            result = CliRunner().invoke(main, [*argv[1:], *extra])
             code, out, err = result.exit_code, result.stdout, result.stderr
         else:
             if argv[0] in ("python", "python3"):
@@ -222,7 +228,8 @@ class Sandbox:
 
 
 def _quietable(argv: list[str]) -> bool:
-    return len(argv) > 1 and argv[1] in ("pack", "stats", "repack") and "-q" not in argv and "--quiet" not in argv
+    return len(argv) > 1 and argv[1] in ("pack", "stats", "repack") and "-q" not in argv and "--quiet" not in argv \
+        and "--json" not in argv
 
 
 def commands(body: str) -> list[str]:
