@@ -294,3 +294,20 @@ def test_cli_stats_plot_without_matplotlib(monkeypatch, tmp_path):
     assert result.exit_code == EXIT_CONFIG
     assert "packprep[plot]" in result.output
     assert not Path(tmp_path / "p.png").exists()
+
+
+def test_stats_counts_sequences_where_a_conversation_makes_several(tmp_path, template_folder):
+    """Under --turn-context exact a Qwen3 conversation of two replies is two sequences: the lengths are
+    per sequence, said so, and the histogram's shares are of the sequences (they add up to 100%)."""
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text("".join(json.dumps({"messages": [
+        {"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": f"answer {i}"},
+        {"role": "user", "content": "and then?"}, {"role": "assistant", "content": "then more " * i}]}) + "\n"
+        for i in range(1, 5)))
+    result = CliRunner().invoke(main, ["stats", str(chats), "-t", template_folder("qwen3"), "--max-len", "512",
+                                       "-q", "--num-proc", "1"])
+    assert result.exit_code == 0, result.output
+    assert "per sequence (8 sequences of 4 conversations; turns per conversation):" in result.output
+    histogram = result.output.split("tokens per sequence (log-scaled bins):\n")[1].split("  sequences longer")[0]
+    shares = [float(line.rsplit(None, 1)[1].rstrip("%")) for line in histogram.splitlines()]
+    assert abs(sum(shares) - 100) < 0.5

@@ -148,13 +148,18 @@ def render_text(report: dict) -> str:
     lines += _mixture_lines(report.get("mixture"))
     lines.append("")
     d = report["distribution"]
-    lines.append("per conversation:")
+    # --turn-context exact may make a conversation several sequences: lengths are then per sequence
+    sequences = sum(b["count"] for b in report["histogram"]["bins"])
+    unit = "conversation" if sequences == report["conversations"] else "sequence"
+    lines.append("per conversation:" if unit == "conversation" else
+                 f"per sequence ({_n(sequences)} sequences of {_n(report['conversations'])} conversations; turns per "
+                 "conversation):")
     lines += _distribution_table([("tokens", d["tokens"]), ("supervised tokens", d["supervised"]), ("turns", d["turns"])])
     lines.append("")
     over = " · ".join(f"{_n(int(k))}: {_n(v)}" for k, v in report["over_max_len"].items())
-    lines.append("tokens per conversation (log-scaled bins):")
-    lines += _histogram_lines(report["histogram"]["bins"], report["conversations"])
-    lines.extend(_wrap(f"  conversations longer than {over}"))
+    lines.append(f"tokens per {unit} (log-scaled bins):")
+    lines += _histogram_lines(report["histogram"]["bins"], sequences)
+    lines.extend(_wrap(f"  {unit}s longer than {over}"))
     lines.append("")
     lines += _what_if_lines(report["what_if"])
     if report["what_if"].get("dp_size"):
