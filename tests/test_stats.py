@@ -116,11 +116,11 @@ def test_split_counts_the_masked_first_labels_of_pieces():
 def test_what_if_rejects_bad_plans():
     with pytest.raises(ConfigError, match="strategy"):
         what_if([10], None, [100], ["best"])
-    with pytest.raises(ConfigError, match="max-len"):
+    with pytest.raises(ConfigError, match="max_len"):
         what_if([10], None, [1], ["pad"])
     with pytest.raises(ConfigError, match="samples_per_row"):
         what_if([10], None, [100], ["minibatch"])
-    with pytest.raises(ConfigError, match="global-batch-size"):
+    with pytest.raises(ConfigError, match="global_batch_size"):
         what_if([10], None, [100], ["pad"], global_batch_size=0)
     with pytest.raises(ValueError):
         what_if([0, 5], None, [100], ["pad"])
