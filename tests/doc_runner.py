@@ -14,7 +14,10 @@ An HTML comment on the line before a block (invisible on GitHub) changes how it 
     <!-- doc-test: given model tokenizer --> a Python block gets these names, where the page means "your
                                              model": a tiny random Llama and the bundled example's tokenizer
 
-Several may share one comment, separated by ``;`` (``before X; exit 2``).
+Several may share one comment, separated by ``;`` (``before X; exit 2``); ``skip`` stands alone. Shell lines may chain
+with ``&&``, end in ``| head -N`` or ``> FILE``; set-up steps (``python3 -m venv``, ``pip install``)
+are left out: the tests run in the environment they set up. ``packprep`` runs in-process (quiet, one
+process unless the line says otherwise: the output is the same); any other program as a subprocess.
 The sandbox holds the names the pages use, made on first mention (``WORLD``): ``chats.jsonl`` is the
 bundled example, ``./llama3`` the fixtures' Llama-3 tokenizer, ``mix.yaml`` examples/mix.yaml, and
 ``../shared`` the fixtures beside the checkout.
@@ -121,12 +124,15 @@ def blocks(page: Path) -> list[Block]:
             continue
         before = text[: match.start()].rstrip("\n").rpartition("\n")[2]
         marks = {}
-        if (mark := MARK.match(before.strip())):
+        if (mark := MARK.match(before.strip())) and mark[1].startswith("skip"):  # the rest says what it needs
+            marks["skip"] = mark[1][4:].lstrip(" :")
+        elif mark:
             for part in filter(None, (p.strip() for p in mark[1].split(";"))):
                 key, _, value = part.partition(" ")
                 marks[key.rstrip(":")] = value.strip()
         line = text.count("\n", 0, match.start()) + 1
-        found.append(Block(str(page.relative_to(REPO)), line, lang or "console", body, marks))
+        name = str(page.resolve().relative_to(REPO)) if page.resolve().is_relative_to(REPO) else page.name
+        found.append(Block(name, line, lang or "console", body, marks))
     return found
 
 
@@ -194,7 +200,9 @@ class Sandbox:
             part = part.strip()
             if part.startswith(SETUP) or part.startswith(("cd ",)):
                 continue  # the environment the tests run in is the one these commands set up
-            pipe_head = None
+            pipe_head = redirect = None
+            if (m := re.search(r"\s>\s*(\S+)\s*$", part)):  # `command > file`
+                part, redirect = part[: m.start()].strip(), m[1]
             if (m := re.search(r"\|\s*head\s+-(?:n\s*)?(\d+)\s*$", part)):
                 part, pipe_head = part[: m.start()].strip(), int(m[1])
             argv = shlex.split(part, comments=True)
@@ -204,6 +212,8 @@ class Sandbox:
             printed = self.execute(argv, block, part)
             if pipe_head is not None:
                 printed = "".join(printed.splitlines(keepends=True)[:pipe_head])
+            if redirect:
+                Path(redirect).write_text(printed)
         return printed
 
     def execute(self, argv: list[str], block: Block, text: str) -> str:

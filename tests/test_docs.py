@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import needs_fixtures
-from .doc_runner import Sandbox, blocks
+from .doc_runner import Sandbox, assert_shown, blocks
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -45,3 +45,19 @@ def test_every_block_on_the_page_runs(page, tmp_path):
     sandbox = Sandbox(tmp_path)
     for block in blocks(page):
         sandbox.run(block)
+
+
+def test_the_runner_reads_marks_and_compares_output(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("<!-- doc-test: skip: a GPU; and the Hub -->\n```python\nimport cuda\n```\n\n"
+                    "<!-- doc-test: before packprep x; exit 2 -->\n```bash\npackprep y\n```\n\n```\nnot code\n```\n",
+                    encoding="utf-8")
+    first, second = blocks(page)
+    assert first.marks == {"skip": "a GPU; and the Hub"} and second.marks == {"before": "packprep x", "exit": "2"}
+    assert_shown("a\nb\nc\n", ["a", "...", "c"], "ok")
+    assert_shown("a\nb\n", ["...", "b"], "ok")
+    with pytest.raises(AssertionError, match="other output"):
+        assert_shown("a\nb\n", ["a", "c"], "differs")
+    with pytest.raises(AssertionError, match="other output"):
+        assert_shown("a\nb\n", ["a"], "a line more")
+
