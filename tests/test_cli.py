@@ -86,6 +86,7 @@ def test_the_summary_accounts_for_every_record_of_a_mixture(tmp_path):
         == said["records"] == counts["records"]
     assert "validation: 14 records of those above" in result.output
     assert "//" not in result.output and "(copies included)" in result.output
+    assert f"unsampled {counts['unsampled']:,} (left" in run("stats", out).output
 
 
 def test_minibatch_and_balance_say_what_they_did(tmp_path):
@@ -94,6 +95,8 @@ def test_minibatch_and_balance_say_what_they_did(tmp_path):
     assert result.exit_code == 0, result.output
     fill = float(result.output.split("fill ")[1].split("%")[0])
     assert 0 < fill <= 100 and "efficiency" not in result.output  # rows above --max-len: not an efficiency
+    report = run("stats", tmp_path / "mb")
+    assert f"fill {fill:.2f}% of rows padded to the longest" in report.output and "efficiency" not in report.output
     result = run("pack", EXAMPLE_CHATS, "-t", EXAMPLE_TOKENIZER, "--max-len", 2048, "-o", tmp_path / "bal", "-q",
                  "--balance-dp", 4, "--num-proc", 1)
     balance = json.loads((tmp_path / "bal" / "packprep.json").read_text())["balance"]

@@ -232,6 +232,7 @@ def _render_folder(report: dict) -> str:
             f"{_n(counts.get('records', 0))} records: packed {_n(counts.get('packed', 0))}, "
             f"truncated {_n(counts.get('truncated', 0))}, split {_n(counts.get('split', 0))}, "
             f"rejected {_n(counts.get('rejected', 0))}"
+            + (f", unsampled {_n(counts['unsampled'])} (left out by the mixture)" if counts.get("unsampled") else "")
         ))
         lines.extend(_wrap(changes_text(counts.get("normalized") or {}, counts.get("turns_not_located", 0))))
         lines.extend(_wrap(context_text(config.get("turn_context", "exact"), counts)))
@@ -240,12 +241,16 @@ def _render_folder(report: dict) -> str:
         f"{_n(report['rows'])} rows, {_n(report['sequences'])} sequences, {_n(report['tokens']['total'])} tokens"
         + (f" ({_n(supervised)} supervised)" if supervised is not None else "")
     )
-    lines.append(
-        f"efficiency {report['efficiency']:.2%}, padding {_n(report['padding_tokens'])} tokens, "
+    width = report.get("row_width", config["max_len"])
+    lines.extend(_wrap(
+        (f"efficiency {report['efficiency']:.2%}" if width == config["max_len"] else
+         f"fill {report['efficiency']:.2%} of rows padded to the longest ({_n(width)} tokens: rows of "
+         f"{config.get('strategy')} may exceed max_len)")
+        + f", padding {_n(report['padding_tokens'])} tokens, "
         f"{_n(report['optimizer_steps'])} optimizer step{'s' if report['optimizer_steps'] != 1 else ''} "
         f"(batch {report['global_batch_size']}, "
         f"{report['epochs']} epoch{'s' if report['epochs'] != 1 else ''})"
-    )
+    ))
     lines.append("")
     d = report["distribution"]
     lines.append("per row:")
