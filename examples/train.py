@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Minimal training loop over packprep shards with a Hugging Face causal LM.
 
-    pip install "packprep[torch]"
-    packprep pack chats.jsonl out/ --tokenizer path/to/tokenizer --max-len 4096
+    pip install -e ".[torch]"
+    packprep pack examples/chats.jsonl -t examples/tokenizer --max-len 1024 -o out/example
+    python examples/train.py --data out/example --model-config tiny --steps 1        # a CPU is enough
     python examples/train.py --data out/ --model path/to/model --mode packed --attn varlen --steps 100
 
 Modes:

@@ -19,7 +19,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from . import __version__
 from .control_text import MODES as CONTENT_SPECIAL
-from .errors import EXIT_CODES_HELP, EXIT_INTERNAL, PackprepError
+from .errors import EXIT_CODES_HELP, EXIT_INTERNAL, PackprepError, Spelling
 from .interrupts import COMMITTED, stop_on_sigterm
 from .layout import layout_names
 from .assistant_turns import REASONING
@@ -44,6 +44,7 @@ class _Group(click.Group):
 
     def invoke(self, ctx):
         COMMITTED.clear()
+        reader, Spelling.reader = Spelling.reader, "cli"  # messages name --options, not arguments
         try:
             with stop_on_sigterm():
                 return super().invoke(ctx)
@@ -70,6 +71,8 @@ class _Group(click.Group):
                 err=True,
             )
             sys.exit(EXIT_INTERNAL)
+        finally:
+            Spelling.reader = reader
 
 
 def _exit_now(code: int) -> None:
@@ -294,26 +297,60 @@ def pack(inputs, tokenizer, output, format_, num_proc, engine, ray_address, push
         check_credentials(token)
     manifest = pack_(list(inputs), output, tokenizer, overwrite=overwrite, num_proc=num_proc, engine=engine,
                      ray_address=ray_address, progress=not quiet, format=format_, layout=layout, **settings)
-    for source in manifest.get("mixture", {}).get("sources", []):
-        click.echo(f"  {source['name']}: {source['train_sequences']:,} sequences in train "
-                   f"({source['realized_share']:.2%} of the train tokens), {source['validation_records']:,} in validation")
-    counts = manifest["counts"]
-    click.echo(
-        f"read {counts['records']:,} records into {manifest['rows']:,} rows "
-        f"({manifest['tokens']['total']:,} tokens, efficiency {manifest['efficiency']:.2%}) in {output}\n"
-        f"  packed whole {counts['packed']:,}, truncated {counts['truncated']:,}, split {counts['split']:,}, "
-        f"rejected {counts['rejected']:,}"
-        + (f" (see {output}/rejects.jsonl)" if counts["rejected"] else "")
-        + "".join(f"\n    {reason}" for reason in counts.get("top_rejections", []))
-        + f"\n  {changes_text(counts.get('normalized') or {}, counts.get('turns_not_located', 0))}"
-        + f"\n  {context_text(manifest['config'].get('turn_context', 'exact'), counts)}"
-    )
+    click.echo(_pack_summary(manifest, output))
     if push_to:
         from .hub_upload import push as push_
 
         click.echo(f"pushed to dataset {push_to}: {push_(output, push_to, private=private, token=token)}")
     else:
         click.echo(f"next: packprep verify {output}, packprep stats {output}, packprep push {output} REPO_ID")
+
+
+def _plural(n: int, word: str, words: str | None = None) -> str:
+    return f"{n:,} {word if n == 1 else (words or word + 's')}"
+
+
+def _fill_text(manifest: dict) -> str:
+    """Packing efficiency, or, where rows may exceed --max-len (minibatch), the fill of rows padded to
+    the longest: never a percentage above 100."""
+    if manifest.get("rows_may_exceed_max_len"):
+        longest = max(int(manifest.get("max_row_len") or 1), 1)
+        fill = manifest["tokens"]["total"] / max(manifest["rows"] * longest, 1)
+        return (f"fill {fill:.2%} (tokens / (rows × the longest row, {longest:,} tokens): rows of this strategy "
+                "may exceed --max-len)")
+    return f"efficiency {manifest['efficiency']:.2%} (tokens / (rows × max_len))"
+
+
+def _pack_summary(manifest: dict, output: str) -> str:
+    """What pack made, every input record accounted for: packed whole, truncated, split, rejected,
+    left out by a mixture; the validation split; what normalizing, the turn context and --balance-dp did."""
+    counts = manifest["counts"]
+    lines = [f"  {source['name']}: {_plural(source['train_sequences'], 'sequence')} in train "
+             f"({source['realized_share']:.2%} of the train tokens), "
+             f"{_plural(source['validation_records'], 'record')} in validation"
+             for source in manifest.get("mixture", {}).get("sources", [])]
+    fates = (f"packed whole {counts['packed']:,}, truncated {counts['truncated']:,}, split {counts['split']:,}, "
+             f"rejected {counts['rejected']:,}"
+             + (f" (see {os.path.join(output, 'rejects.jsonl')})" if counts["rejected"] else ""))
+    if counts.get("unsampled"):
+        fates += f", unsampled {counts['unsampled']:,} (left out by the mixture's weights and shares)"
+    lines.append(f"read {_plural(counts['records'], 'record')}: {fates}")
+    lines += [f"    {reason}" for reason in counts.get("top_rejections", [])]
+    copies = " (copies included)" if manifest.get("mixture") else ""
+    lines.append(f"  train: {_plural(manifest['rows'], 'row')}, {_plural(manifest['sequences'], 'sequence')}{copies}, "
+                 f"{_plural(manifest['tokens']['total'], 'token')}, {_fill_text(manifest)}, in {output}")
+    if (validation := manifest.get("validation")):
+        held = sum(len(member["indices"]) for member in validation.get("members", []))
+        lines.append(f"  validation: {_plural(held, 'record')} of those above, {_plural(validation['rows'], 'row')}, "
+                     f"{_plural(validation['tokens']['total'], 'token')}")
+    if (balance := manifest.get("balance")):
+        lines.append(f"  balanced for {balance['dp_size']:,} data-parallel ranks ({balance['sampler']} sampler, "
+                     f"{_plural(balance['rows_per_step'], 'row')} a rank a step, {_plural(balance['steps'], 'whole step')}): "
+                     f"predicted step efficiency {balance['step_efficiency']:.3f} read in order, "
+                     f"{balance['step_efficiency_shuffled']:.3f} if a sampler shuffles them")
+    lines.append(f"  {changes_text(counts.get('normalized') or {}, counts.get('turns_not_located', 0))}")
+    lines.append(f"  {context_text(manifest['config'].get('turn_context', 'exact'), counts)}")
+    return "\n".join(lines)
 
 
 @main.command(epilog=EXIT_CODES_HELP)
@@ -349,8 +386,10 @@ def verify(folder, retokenize, seed, num_proc, as_json):
                                "tokens": report.tokens, "retokenized": report.retokenized,
                                "failures": [vars(f) for f in report.failures]}, indent=2))
     elif report.ok:
-        click.echo(f"ok: {report.rows:,} rows, {report.sequences:,} sequences, {report.tokens:,} tokens"
-                   + (f"; {report.retokenized:,} sequences equal their records re-tokenized" if retokenize else ""))
+        click.echo(f"ok: {_plural(report.rows, 'row')}, {_plural(report.sequences, 'sequence')}, "
+                   f"{_plural(report.tokens, 'token')}"
+                   + (f"; {_plural(report.retokenized, 'sequence')} equal their records re-tokenized"
+                      if retokenize else ""))
     else:
         for failure in report.failures:
             click.echo(str(failure), err=True)
@@ -394,8 +433,8 @@ def repack(folder, output, num_proc, overwrite, quiet, layout, accept_truncated,
 
     manifest = repack_(folder, output, overwrite=overwrite, num_proc=num_proc, progress=not quiet, layout=layout,
                        accept_truncated=accept_truncated, **settings)
-    click.echo(f"repacked {manifest['sequences']:,} sequences into {manifest['rows']:,} rows "
-               f"(max_len {manifest['config']['max_len']:,}, efficiency {manifest['efficiency']:.2%}) in {output}")
+    click.echo(f"repacked {_plural(manifest['sequences'], 'sequence')} into {_plural(manifest['rows'], 'row')} "
+               f"(max_len {manifest['config']['max_len']:,}, {_fill_text(manifest)}) in {output}")
     if "repacked_from" in manifest:
         said = manifest["repacked_from"]
         click.echo(f"  as stored, cut at max_len {said['max_len']:,}: {said['truncated_as_stored']:,} truncated "
@@ -423,7 +462,8 @@ def export(folder, to, output, overwrite):
     from .convert import export as export_
 
     manifest = export_(folder, to, output, overwrite=overwrite)
-    click.echo(f"wrote {manifest['rows']:,} rows laid out for {to} in {output} (recipe: {output}/README.md)")
+    click.echo(f"wrote {_plural(manifest['rows'], 'row')} laid out for {to} in {output} "
+               f"(recipe: {os.path.join(output, 'README.md')})")
 
 
 @main.command(epilog=EXIT_CODES_HELP)

@@ -1,4 +1,11 @@
-"""Errors that the CLI turns into one clear line and a documented exit code."""
+"""Errors that the CLI turns into one clear line and a documented exit code.
+
+A message names settings as the command line spells them (``--max-len``, ``pass --overwrite``); read
+from Python (``packprep.pack(...)``) it names them as the library's arguments (``max_len``,
+``overwrite=True``): :func:`spell` rewrites it unless the command line is the caller.
+"""
+
+import re
 
 EXIT_OK = 0
 EXIT_INTERNAL = 1
@@ -21,10 +28,44 @@ EXIT_CODES_HELP = (
 )
 
 
+# options that take no value: from Python they are a True argument
+FLAGS = {"overwrite", "accept-truncated", "private", "json", "quiet"}
+_OPTION = re.compile(r"(?<![\w-])--([a-z][a-z0-9-]*)(?:[ =]([a-z][a-z0-9_]*)(?![\w.-]))?")
+_WORDS = re.compile(r"^(?:to|or|and|the|a|an|with|for|at|of|in|is|must|not|only|applies|apply|needs|re|orders|"
+                    r"says|should|when|then|from|on|as|by|if|without|keeps|takes|names)$")
+
+
+class Spelling:
+    """Who reads the messages: ``"python"`` (the library's callers) unless the CLI says ``"cli"``."""
+
+    reader = "python"
+
+
+def spell(message: str) -> str:
+    """``message`` in its reader's terms: ``--max-len`` -> ``max_len``, ``--overwrite`` -> ``overwrite=True``,
+    ``--preference chosen`` -> ``preference="chosen"``."""
+    if Spelling.reader == "cli":
+        return message
+
+    def python(match: re.Match) -> str:
+        name, value = match[1], match[2]
+        argument = name.replace("-", "_")
+        if name in FLAGS:
+            return f"{argument}=True" + (f" {value}" if value else "")
+        if value and not _WORDS.match(value) and not value[0].isdigit():
+            return f"{argument}={value!r}".replace("'", '"')
+        return argument + (f" {value}" if value else "")
+
+    return _OPTION.sub(python, message)
+
+
 class PackprepError(Exception):
     """Base class: a message meant for the user, plus the exit code the CLI returns."""
 
     exit_code = EXIT_INTERNAL
+
+    def __str__(self) -> str:
+        return spell(super().__str__())
 
 
 class ConfigError(PackprepError):

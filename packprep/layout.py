@@ -408,7 +408,7 @@ from transformers import Trainer, TrainingArguments
 from packprep.training import check_pipeline, collate_packed
 trainer = Trainer(model=model, args=TrainingArguments(output_dir="out", per_device_train_batch_size=4),
                   train_dataset=load_dataset("packed/", split="train"), data_collator=collate_packed)
-check_pipeline(trainer, data="packed/")   # first: runs a packed row through this trainer's own path
+check_pipeline(trainer, data="packed/")   # first: runs a batch through this trainer's own path
 trainer.train()
 ```
 With `--validation-size`, add `eval_dataset=load_dataset("packed/", split="validation")`: packed the same
@@ -421,14 +421,16 @@ tokenizer's `DataCollatorWithPadding` adds an all-ones `attention_mask`), `DataC
 
 TRL_RECIPE = guarded_recipe('check_pipeline(trainer, data="packed/")') + """\
 ```python
+import torch
 from datasets import load_dataset
 from trl import SFTConfig, SFTTrainer
 from packprep.training import check_pipeline
 args = SFTConfig(output_dir="out", padding_free=True, max_length=None, per_device_train_batch_size=4,
-                 dataset_kwargs={"skip_prepare_dataset": True})
+                 dataset_kwargs={"skip_prepare_dataset": True},
+                 use_cpu=not torch.cuda.is_available())   # TRL turns bf16 on, which without use_cpu needs a GPU
 trainer = SFTTrainer(model=model, args=args, train_dataset=load_dataset("packed/", split="train"),
                      processing_class=tokenizer)
-check_pipeline(trainer, data="packed/")   # first: runs a packed row through this trainer's own path
+check_pipeline(trainer, data="packed/")   # first: runs a batch through this trainer's own path
 trainer.train()
 ```
 With `--validation-size`, add `eval_dataset=load_dataset("packed/", split="validation")`: packed the same

@@ -78,6 +78,7 @@ def load_mix(path: str | os.PathLike | None, inputs: list[str] = ()) -> list[Mix
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         raise ConfigError(f"--mix {path}: source name {twice[0]!r} is used twice; give each source its own 'name'")
+    check_shares(sources, f"--mix {path}")
     return sources
 
 
@@ -126,6 +127,20 @@ def _values(data, budget: int = MIX_VALUES + 1) -> int:
         elif isinstance(value, list):
             stack.extend(value)
     return count
+
+
+def check_shares(sources: list[MixSource], where: str) -> None:
+    """The shares' sum, checked when the mixture is read, before any input is: shares alone add up to 1;
+    beside weighted sources (positional inputs among them) they leave those a part (below 1)."""
+    shares = [s.share for s in sources if s.share is not None]
+    if not shares:
+        return
+    total = sum(shares)
+    if len(shares) == len(sources) and abs(total - 1) > SHARE_TOLERANCE:
+        raise ConfigError(f"{where}: the shares add up to {total:g}; with no weighted source they must add up to 1")
+    if len(shares) < len(sources) and total >= 1 - SHARE_TOLERANCE:
+        raise ConfigError(f"{where}: the shares add up to {total:g}, leaving nothing for the weighted sources "
+                          "(and the inputs given beside --mix); make them add up to less than 1")
 
 
 def _mix_source(entry, where: str, base: Path) -> MixSource:
@@ -274,15 +289,9 @@ def _weighted(records: int, weight: float, rng: np.random.Generator) -> np.ndarr
 def _share_total(mix, shares, group_of, held_out, lengths, fixed_tokens: int) -> float:
     """The output's tokens that the shares are fractions of. With weighted sources, what makes their
     tokens the rest (1 - sum of shares); with shares alone (adding up to 1), the sources' own total."""
-    total_share = sum(s.share for _, s in shares)
+    total_share = sum(s.share for _, s in shares)  # its range checked as the mixture was read (check_shares)
     if len(shares) == len(mix):
-        if abs(total_share - 1) > SHARE_TOLERANCE:
-            raise ConfigError(f"the mixture's shares add up to {total_share:g}; with no weighted source they must "
-                              "add up to 1")
         return float(lengths[~held_out].sum())
-    if total_share >= 1 - SHARE_TOLERANCE:
-        raise ConfigError(f"the mixture's shares add up to {total_share:g}, leaving nothing for its weighted "
-                          "sources; make them add up to less than 1")
     if fixed_tokens == 0:
         raise ConfigError("the mixture's weighted sources give no tokens, so its shares have nothing to be a share "
                           "of; give a source a weight above 0, or give every source a share")
@@ -330,6 +339,7 @@ class Mixture:
     groups: list[int]
     validation_size: float | None = None
     selection: Selection | None = None
+    accepted: list[int] | None = None  # each source's accepted sequences where the store holds fewer (repack's)
 
     def select(self, records: np.ndarray, input_records: list[int], lengths: np.ndarray, seed: int) -> Selection:
         """Plan the selection of the store's sequences (``records``: each one's input record number)."""
@@ -358,7 +368,8 @@ class Mixture:
             files = [n for n, group in enumerate(self.groups) if group == number]
             rows.append({
                 **source.describe(), "inputs": files, "sha256": [inputs[n]["sha256"] for n in files],
-                "records": sum(inputs[n]["records"] for n in files), "sequences": int(mine.sum()),
+                "records": sum(inputs[n]["records"] for n in files),
+                "sequences": int(mine.sum()) if self.accepted is None else self.accepted[number],
                 "validation_records": len(np.unique(records[mine & held])),
                 "train_records": len(np.unique(records[mine & (copies > 0)])),
                 "train_sequences": int(copies[mine].sum()), "train_tokens": int(tokens[number]),

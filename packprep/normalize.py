@@ -375,7 +375,7 @@ def changes_text(changes: dict[str, int], turns_not_located: int) -> str:
     """One line for people (pack, stats, the dataset card): what normalizing changed, and the
     assistant turns left untrained because they could not be located (render.py)."""
     done = [_CHANGE_TEXT[name].format(n=f"{changes[name]:,}") for name in CHANGES if changes.get(name)]
-    return (f"turns: {'; '.join(done) or 'none dropped, merged or rewritten'}; "
+    return (f"turns: {'; '.join(done) or 'none dropped, merged or converted'}; "
             f"{turns_not_located:,} assistant turns left untrained (turns_not_located)")
 
 

@@ -234,7 +234,7 @@ def write_output(tmp, store: TokenStore, ledger: Ledger, config: PackConfig, eng
     manifest = _manifest(config, info or described(), ledger, sequences, segments, shards, supervised)
     del segments
     if mixture is not None:
-        # records, not sequences (a record may be several); repack's store lacks the unsampled records
+        # records, not sequences (a record may be several), from the ledger: repack's store holds only the records the folder packed
         manifest["counts"]["unsampled"] = int((np.frombuffer(ledger.status, dtype=np.uint8) == UNSAMPLED).sum())
         manifest["mixture"] = mixture.table(records, lengths, manifest["inputs"])
     if validation is not None:

@@ -264,7 +264,8 @@ def folder_mixture(manifest: dict) -> Mixture | None:
     for number, source in enumerate(table["sources"]):
         for file in source["inputs"]:
             groups[file] = number
-    return Mixture(sources, groups, (manifest.get("validation") or {}).get("size"))
+    return Mixture(sources, groups, (manifest.get("validation") or {}).get("size"),
+                   accepted=[s["sequences"] for s in table["sources"]])
 
 
 def check_cuts(folder: Path, old: dict, config, stored: Stored, mixture: Mixture | None, accept: bool) -> bool:

@@ -40,6 +40,7 @@ SLOW_MODULES = {
 SLOW_TESTS = {  # real tokenizers over whole fixture files, in modules that are otherwise fast
     "test_real_tokenizers_decode_exactly", "test_packs_every_fixture_file_with_real_tokenizers",
     "test_stats_equals_pack_on_fixture_data_with_llama3",
+    "test_every_block_on_the_page_runs",  # every command of README.md and docs/, run (tests/test_docs.py)
 }
 
 

@@ -300,7 +300,8 @@ def test_max_len_below_the_template_overhead(tmp_path):
 
 def test_library_entry_points_refuse_what_the_cli_refuses(tmp_path):
     """The library checks its arguments where the CLI does (settings.py): the same ConfigError and
-    message from each entry point, before it writes anything."""
+    message from each entry point, before it writes anything, naming its own arguments (num_proc),
+    not the CLI's options (--num-proc)."""
     from packprep.errors import ConfigError
     from packprep.pipeline import repack
 
@@ -309,18 +310,18 @@ def test_library_entry_points_refuse_what_the_cli_refuses(tmp_path):
     mix = tmp_path / "mix.yaml"
     mix.write_text(f"- path: {chats}\n  format: csv\n")
     cases = [
-        (partial(packprep.pack, chats, str(out), TOKENIZER, engine="spark"), "--engine must be one of local, ray"),
-        (partial(packprep.pack, chats, str(out), TOKENIZER, num_proc=0), "--num-proc must be between 1 and 4,096, not 0"),
+        (partial(packprep.pack, chats, str(out), TOKENIZER, engine="spark"), "engine must be one of local, ray"),
+        (partial(packprep.pack, chats, str(out), TOKENIZER, num_proc=0), "num_proc must be between 1 and 4,096, not 0"),
         (partial(packprep.pack, chats, str(out), TOKENIZER, train_on="all-of-it"),
-         "--train-on must be one of assistant, last, all"),
-        (partial(packprep.pack, [], str(out), TOKENIZER, mix=str(mix)), f"--mix {mix}, source 1: format must be one of sharegpt"),
-        (partial(packprep.stats, chats, TOKENIZER, num_proc=0), "--num-proc must be between 1 and 4,096, not 0"),
-        (partial(packprep.stats, chats, TOKENIZER, epochs=0), "--epochs must be at least 1"),
-        (partial(packprep.stats, chats, TOKENIZER, dp_size=0), "--dp-size and --rows-per-step must be at least 1"),
-        (partial(packprep.stats, str(packed), dp_size=0), "--dp-size and --rows-per-step must be at least 1"),
-        (partial(packprep.verify, str(packed), retokenize=-5), "--retokenize must be between 0 and 2,147,483,647, not -5"),
-        (partial(repack, str(packed), str(out), num_proc=0), "--num-proc must be between 1 and 4,096, not 0"),
-        (partial(repack, str(packed), str(out), strategy="ffd"), "--strategy must be one of greedy, bfd, random"),
+         "train_on must be one of assistant, last, all"),
+        (partial(packprep.pack, [], str(out), TOKENIZER, mix=str(mix)), f"mix {mix}, source 1: format must be one of sharegpt"),
+        (partial(packprep.stats, chats, TOKENIZER, num_proc=0), "num_proc must be between 1 and 4,096, not 0"),
+        (partial(packprep.stats, chats, TOKENIZER, epochs=0), "epochs must be at least 1"),
+        (partial(packprep.stats, chats, TOKENIZER, dp_size=0), "dp_size and rows_per_step must be at least 1"),
+        (partial(packprep.stats, str(packed), dp_size=0), "dp_size and rows_per_step must be at least 1"),
+        (partial(packprep.verify, str(packed), retokenize=-5), "retokenize must be between 0 and 2,147,483,647, not -5"),
+        (partial(repack, str(packed), str(out), num_proc=0), "num_proc must be between 1 and 4,096, not 0"),
+        (partial(repack, str(packed), str(out), strategy="ffd"), "strategy must be one of greedy, bfd, random"),
         (partial(repack, str(packed), str(out), train_on="all"), "repack cannot change train_on"),
     ]
     for call, message in cases:

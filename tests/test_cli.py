@@ -56,10 +56,63 @@ def test_pack_prints_what_became_of_every_record(packed):
     result = run("pack", EXAMPLE_CHATS, "-t", EXAMPLE_TOKENIZER, "--max-len", 512, "-o", packed, "-q",
                  "--num-proc", 1, "--overwrite")
     assert result.exit_code == 0, result.output
-    assert f"read {counts['records']:,} records into {manifest['rows']:,} rows" in result.output
-    assert f"packed whole {counts['packed']:,}, truncated {counts['truncated']:,}" in result.output
+    assert f"read {counts['records']:,} records: packed whole {counts['packed']:,}, truncated {counts['truncated']:,}" \
+        in result.output
     assert f"rejected {counts['rejected']:,} (see {packed}/rejects.jsonl)" in result.output
+    assert f"train: {manifest['rows']:,} rows, {manifest['sequences']:,} sequences" in result.output
     assert f"next: packprep verify {packed}" in result.output
+
+
+def summary_numbers(output: str) -> dict:
+    """The fates pack's summary line names, as numbers."""
+    line = next(line for line in output.splitlines() if line.startswith("read "))
+    return {name: int(n.replace(",", "")) for n, name in
+            [(m.split()[-1], " ".join(m.split()[:-1])) for m in line.split(": ", 1)[1].split(" (")[0].split(", ")]} | {
+        "unsampled": int(line.split("unsampled ")[1].split()[0].replace(",", "")) if "unsampled" in line else 0,
+        "records": int(line.split()[1].replace(",", ""))}
+
+
+def test_the_summary_accounts_for_every_record_of_a_mixture(tmp_path):
+    """Packed whole, truncated, split, rejected and unsampled add up to the records read; the held-out
+    records are named; no doubled slash; a singular is singular."""
+    out = tmp_path / "mixed/"
+    result = run("pack", "--mix", Path(EXAMPLE_CHATS).parent / "mix.yaml", "-t", EXAMPLE_TOKENIZER, "--max-len", 1024,
+                 "-o", f"{out}/", "-q", "--num-proc", 1, "--validation-size", 0.02)
+    assert result.exit_code == 0, result.output
+    counts = json.loads((out / "packprep.json").read_text())["counts"]
+    said = summary_numbers(result.output)
+    assert said["unsampled"] == counts["unsampled"] > 0
+    assert said["packed whole"] + said["truncated"] + said["split"] + said["rejected"] + said["unsampled"] \
+        == said["records"] == counts["records"]
+    assert "validation: 14 records of those above" in result.output
+    assert "//" not in result.output and "(copies included)" in result.output
+    assert f"unsampled {counts['unsampled']:,} (left" in run("stats", out).output
+
+
+def test_minibatch_and_balance_say_what_they_did(tmp_path):
+    result = run("pack", EXAMPLE_CHATS, "-t", EXAMPLE_TOKENIZER, "--max-len", 1024, "-o", tmp_path / "mb", "-q",
+                 "--strategy", "minibatch", "--samples-per-row", 8, "--num-proc", 1)
+    assert result.exit_code == 0, result.output
+    fill = float(result.output.split("fill ")[1].split("%")[0])
+    assert 0 < fill <= 100 and "efficiency" not in result.output  # rows above --max-len: not an efficiency
+    report = run("stats", tmp_path / "mb")
+    assert f"fill {fill:.2f}% of rows padded to the longest" in report.output and "efficiency" not in report.output
+    result = run("pack", EXAMPLE_CHATS, "-t", EXAMPLE_TOKENIZER, "--max-len", 2048, "-o", tmp_path / "bal", "-q",
+                 "--balance-dp", 4, "--num-proc", 1)
+    balance = json.loads((tmp_path / "bal" / "packprep.json").read_text())["balance"]
+    assert (f"balanced for 4 data-parallel ranks (distributed sampler, 1 row a rank a step, {balance['steps']:,} whole "
+            f"steps): predicted step efficiency {balance['step_efficiency']:.3f} read in order, "
+            f"{balance['step_efficiency_shuffled']:.3f} if a sampler shuffles them") in result.output
+
+
+def test_library_errors_name_arguments_and_the_cli_names_options(packed):
+    with pytest.raises(ConfigError, match=r"pass overwrite=True to replace it") as caught:
+        packprep.pack([str(EXAMPLE_CHATS)], packed, tokenizer=str(EXAMPLE_TOKENIZER))
+    assert "--" not in str(caught.value)
+    with pytest.raises(ConfigError, match=r"^max_len must be between"):
+        packprep.pack([str(EXAMPLE_CHATS)], packed.parent / "new", tokenizer=str(EXAMPLE_TOKENIZER), max_len=1)
+    result = run("pack", EXAMPLE_CHATS, "-t", EXAMPLE_TOKENIZER, "-o", packed, "--max-len", 1)
+    assert "--max-len must be between" in result.output
 
 
 def test_pack_refuses_to_overwrite(packed):

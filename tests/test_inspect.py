@@ -108,7 +108,7 @@ def test_bad_row_and_folder(packed, tmp_path):
     manifest = json.loads((moved / "packprep.json").read_text())
     manifest["tokenizer"]["name_or_path"] = str(tmp_path / "gone")
     (moved / "packprep.json").write_text(json.dumps(manifest))
-    with pytest.raises(ConfigError, match="--tokenizer"):
+    with pytest.raises(ConfigError, match="pass tokenizer"):
         inspect_row(moved, 0, color=False)
     assert inspect_row(moved, 0, color=False, tokenizer=str(EXAMPLE_TOKENIZER)) == inspect_row(packed, 0, color=False)
 

@@ -187,6 +187,21 @@ def test_bad_mixture_files_are_refused_in_one_line(tmp_path, sources, message):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("shares, inputs, message", [
+    ((0.5, 0.3), [], "the shares add up to 0.8; with no weighted source they must add up to 1"),
+    ((0.6, 0.4), [str(EXAMPLE_CHATS)], "the shares add up to 1, leaving nothing for the weighted sources"),
+])
+def test_shares_are_checked_before_any_input_is_read(tmp_path, shares, inputs, message):
+    """The sum of the shares is known from the file: refused before the tokenizer is loaded or an input read
+    (the tokenizer named here does not exist, and the inputs are not JSON)."""
+    for name in ("x.jsonl", "y.jsonl"):
+        (tmp_path / name).write_text("not json\n")
+    mix = mix_file(tmp_path, [{"path": "x.jsonl", "share": shares[0]}, {"path": "y.jsonl", "share": shares[1]}])
+    with pytest.raises(packprep.errors.ConfigError, match=message):
+        packprep.pack(inputs, tmp_path / "out", tokenizer=str(tmp_path / "no-tokenizer"), mix=mix)
+    with pytest.raises(packprep.errors.ConfigError, match=message):
+        packprep.stats(inputs, tokenizer=str(tmp_path / "no-tokenizer"), mix=mix)
+
 
 @needs_fixtures
 def test_stats_shows_the_mixture_pack_makes(tmp_path):

@@ -254,7 +254,7 @@ def test_existing_output_is_refused_without_overwrite(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    with pytest.raises(ConfigError, match="--overwrite"):
+    with pytest.raises(ConfigError, match="overwrite=True"):
         packprep.pack(str(EXAMPLE_CHATS), out, TOKENIZER, max_len=512)
     assert (out / "keep.txt").read_text() == "mine"
     packprep.pack(str(EXAMPLE_CHATS), out, TOKENIZER, max_len=512, overwrite=True, num_proc=1)

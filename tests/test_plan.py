@@ -33,7 +33,7 @@ def test_each_record_says_what_its_kernel_does(name):
     if strategy.needs_samples_per_row:
         with pytest.raises(ValueError, match="samples_per_row"):
             pack_lengths(fitting, 100, name)
-        with pytest.raises(ConfigError, match="samples-per-row"):
+        with pytest.raises(ConfigError, match="samples_per_row"):
             check_strategy(name)
     if strategy.items_must_fit:
         with pytest.raises(ValueError, match="longer than max_len"):

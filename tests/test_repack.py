@@ -93,6 +93,18 @@ def test_repack_into_and_from_another_layout_equals_pack(base, tmp_path):
 
 
 @needs_fixtures
+@needs_fixtures
+def test_repack_of_a_mixture_that_leaves_records_out_equals_pack(tmp_path):
+    """Records a weight below 1 leaves out are in no shard: repack counts them unsampled, as pack did."""
+    mix = tmp_path / "mix.json"
+    mix.write_text(json.dumps([{"path": INPUTS[0], "weight": 0.5}, {"path": INPUTS[1], "share": 0.3}]))
+    packprep.pack([], str(tmp_path / "old"), TOKENIZER, max_len=BASE_LEN, num_proc=1, mix=str(mix))
+    assert json.loads((tmp_path / "old" / "packprep.json").read_text())["counts"]["unsampled"] > 0
+    packprep.pack([], str(tmp_path / "packed"), TOKENIZER, max_len=BASE_LEN, strategy="bfd", num_proc=1, mix=str(mix))
+    repack(tmp_path / "old", tmp_path / "repacked", strategy="bfd", num_proc=1)
+    assert files(tmp_path / "repacked") == files(tmp_path / "packed")
+
+
 def test_repack_of_a_mixture_and_validation_split_equals_pack(tmp_path):
     mix = tmp_path / "mix.json"
     mix.write_text(json.dumps([{"path": INPUTS[0], "weight": 1.5}, {"path": INPUTS[1], "share": 0.4}]))
@@ -101,11 +113,11 @@ def test_repack_of_a_mixture_and_validation_split_equals_pack(tmp_path):
     packprep.pack([], str(tmp_path / "packed"), TOKENIZER, max_len=8192, strategy="bfd", num_proc=1, **common)
     repack(tmp_path / "old", tmp_path / "repacked", max_len=8192, strategy="bfd", num_proc=1)
     assert files(tmp_path / "repacked") == files(tmp_path / "packed")
-    with pytest.raises(ConfigError, match="drawn with --seed 5"):
+    with pytest.raises(ConfigError, match="drawn with seed 5"):
         repack(tmp_path / "old", tmp_path / "other-seed", seed=6)
-    with pytest.raises(ConfigError, match="would be cut at --max-len 1024"):  # shares drawn from other lengths
+    with pytest.raises(ConfigError, match="would be cut at max_len 1024"):  # shares drawn from other lengths
         repack(tmp_path / "old", tmp_path / "shorter", max_len=1024)
-    with pytest.raises(ConfigError, match="megatron writes files of its own, with no validation split"):
+    with pytest.raises(ConfigError, match="megatron.? writes files of its own, with no validation split"):
         repack(tmp_path / "old", tmp_path / "megatron", layout="megatron")  # before any pass over the shards
     assert not (tmp_path / "megatron").exists()
 

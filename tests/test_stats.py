@@ -116,11 +116,11 @@ def test_split_counts_the_masked_first_labels_of_pieces():
 def test_what_if_rejects_bad_plans():
     with pytest.raises(ConfigError, match="strategy"):
         what_if([10], None, [100], ["best"])
-    with pytest.raises(ConfigError, match="max-len"):
+    with pytest.raises(ConfigError, match="max_len"):
         what_if([10], None, [1], ["pad"])
     with pytest.raises(ConfigError, match="samples_per_row"):
         what_if([10], None, [100], ["minibatch"])
-    with pytest.raises(ConfigError, match="global-batch-size"):
+    with pytest.raises(ConfigError, match="global_batch_size"):
         what_if([10], None, [100], ["pad"], global_batch_size=0)
     with pytest.raises(ValueError):
         what_if([0, 5], None, [100], ["pad"])
@@ -294,3 +294,20 @@ def test_cli_stats_plot_without_matplotlib(monkeypatch, tmp_path):
     assert result.exit_code == EXIT_CONFIG
     assert "packprep[plot]" in result.output
     assert not Path(tmp_path / "p.png").exists()
+
+
+def test_stats_counts_sequences_where_a_conversation_makes_several(tmp_path, template_folder):
+    """Under --turn-context exact a Qwen3 conversation of two replies is two sequences: the lengths are
+    per sequence, said so, and the histogram's shares are of the sequences (they add up to 100%)."""
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text("".join(json.dumps({"messages": [
+        {"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": f"answer {i}"},
+        {"role": "user", "content": "and then?"}, {"role": "assistant", "content": "then more " * i}]}) + "\n"
+        for i in range(1, 5)))
+    result = CliRunner().invoke(main, ["stats", str(chats), "-t", template_folder("qwen3"), "--max-len", "512",
+                                       "-q", "--num-proc", "1"])
+    assert result.exit_code == 0, result.output
+    assert "per sequence (8 sequences of 4 conversations; turns per conversation):" in result.output
+    histogram = result.output.split("tokens per sequence (log-scaled bins):\n")[1].split("  sequences longer")[0]
+    shares = [float(line.rsplit(None, 1)[1].rstrip("%")) for line in histogram.splitlines()]
+    assert abs(sum(shares) - 100) < 0.5

@@ -130,6 +130,26 @@ def test_hf_trainer_defaults_are_caught(folders, tokenizer, collator, cause):
         check_pipeline(trainer, data=folder)
 
 
+def test_check_pipeline_makes_the_trainers_own_batch(folders, tokenizer):
+    """The Trainer's default collator with no processing_class cannot stack rows of different lengths: train()
+    fails on its first batch, and so must the check (it makes a batch of per_device_train_batch_size rows);
+    with collate_packed, those rows are one (1, T) row and every sequence of all of them is compared."""
+    folder = folders["packprep"]
+    args = transformers.TrainingArguments(**{**common_args(folders["root"], "hf-batch"), "per_device_train_batch_size": 4})
+    train = datasets.load_dataset(str(folder), split="train")
+    trainer = transformers.Trainer(model=tiny_llama(tokenizer), args=args, train_dataset=train)
+    with pytest.raises(PackingIsolationError, match="its data_collator fails on 4 rows"):
+        check_pipeline(trainer, data=folder)
+    with pytest.raises(ValueError, match="expected sequence of length"):  # what train() meets
+        next(iter(trainer.get_train_dataloader()))
+    trainer = transformers.Trainer(model=tiny_llama(tokenizer), args=args, train_dataset=train,
+                                   data_collator=collate_packed)
+    report = check_pipeline(trainer, data=folder)
+    first = next(i for i in range(len(train)) if len(train[i]["seq_lens"]) >= 2)
+    assert report["sequences"] == sum(len(train[i]["seq_lens"]) for i in range(first, first + 4))
+    assert report["max_abs_diff"] < 1e-3
+
+
 def test_check_pipeline_names_a_kv_cache(folders, tokenizer):
     """A plain loop whose model keeps use_cache=True (the config default) and a collator without use_cache."""
     model = tiny_llama(tokenizer)

@@ -196,6 +196,7 @@ def stats_folder(folder: str | os.PathLike, global_batch_size: int = 64, epochs:
     row_lengths, per_row, seq_lengths = collect_folder(folder, manifest)
     rows = int(len(row_lengths))
     tokens = int(row_lengths.sum())
+    width = max(max_len, int(row_lengths.max()) if rows else 0)
     fill = np.minimum(row_lengths * 10 // max(1, max_len), 10) if rows else np.zeros(0, np.int64)
     fill_counts = np.bincount(fill, minlength=11)
     fill_bins = [{"lo": k / 10, "hi": (k + 1) / 10, "count": int(fill_counts[k])} for k in range(10)]
@@ -210,8 +211,10 @@ def stats_folder(folder: str | os.PathLike, global_batch_size: int = 64, epochs:
         "rows": rows,
         "sequences": int(len(seq_lengths)),
         "tokens": {"total": tokens, "supervised": manifest.get("tokens", {}).get("supervised")},
-        "efficiency": round(tokens / (rows * max_len), 6) if rows else 0.0,
-        "padding_tokens": rows * max_len - tokens,
+        # rows may exceed max_len (minibatch): then the fill of rows padded to the longest, never above 1
+        "row_width": width,
+        "efficiency": round(tokens / (rows * width), 6) if rows else 0.0,
+        "padding_tokens": rows * width - tokens,
         "optimizer_steps": -(-rows // int(global_batch_size)) * int(epochs),
         "global_batch_size": int(global_batch_size),
         "epochs": int(epochs),

@@ -148,13 +148,18 @@ def render_text(report: dict) -> str:
     lines += _mixture_lines(report.get("mixture"))
     lines.append("")
     d = report["distribution"]
-    lines.append("per conversation:")
+    # --turn-context exact may make a conversation several sequences: lengths are then per sequence
+    sequences = sum(b["count"] for b in report["histogram"]["bins"])
+    unit = "conversation" if sequences == report["conversations"] else "sequence"
+    lines.append("per conversation:" if unit == "conversation" else
+                 f"per sequence ({_n(sequences)} sequences of {_n(report['conversations'])} conversations; turns per "
+                 "conversation):")
     lines += _distribution_table([("tokens", d["tokens"]), ("supervised tokens", d["supervised"]), ("turns", d["turns"])])
     lines.append("")
     over = " · ".join(f"{_n(int(k))}: {_n(v)}" for k, v in report["over_max_len"].items())
-    lines.append("tokens per conversation (log-scaled bins):")
-    lines += _histogram_lines(report["histogram"]["bins"], report["conversations"])
-    lines.extend(_wrap(f"  conversations longer than {over}"))
+    lines.append(f"tokens per {unit} (log-scaled bins):")
+    lines += _histogram_lines(report["histogram"]["bins"], sequences)
+    lines.extend(_wrap(f"  {unit}s longer than {over}"))
     lines.append("")
     lines += _what_if_lines(report["what_if"])
     if report["what_if"].get("dp_size"):
@@ -233,6 +238,7 @@ def _render_folder(report: dict) -> str:
             f"{_n(counts.get('records', 0))} records: packed {_n(counts.get('packed', 0))}, "
             f"truncated {_n(counts.get('truncated', 0))}, split {_n(counts.get('split', 0))}, "
             f"rejected {_n(counts.get('rejected', 0))}"
+            + (f", unsampled {_n(counts['unsampled'])} (left out by the mixture)" if counts.get("unsampled") else "")
         ))
         lines.extend(_wrap(changes_text(counts.get("normalized") or {}, counts.get("turns_not_located", 0))))
         lines.extend(_wrap(context_text(config.get("turn_context", "exact"), counts)))
@@ -241,12 +247,16 @@ def _render_folder(report: dict) -> str:
         f"{_n(report['rows'])} rows, {_n(report['sequences'])} sequences, {_n(report['tokens']['total'])} tokens"
         + (f" ({_n(supervised)} supervised)" if supervised is not None else "")
     )
-    lines.append(
-        f"efficiency {report['efficiency']:.2%}, padding {_n(report['padding_tokens'])} tokens, "
+    width = report.get("row_width", config["max_len"])
+    lines.extend(_wrap(
+        (f"efficiency {report['efficiency']:.2%}" if width == config["max_len"] else
+         f"fill {report['efficiency']:.2%} of rows padded to the longest ({_n(width)} tokens: rows of "
+         f"{config.get('strategy')} may exceed max_len)")
+        + f", padding {_n(report['padding_tokens'])} tokens, "
         f"{_n(report['optimizer_steps'])} optimizer step{'s' if report['optimizer_steps'] != 1 else ''} "
         f"(batch {report['global_batch_size']}, "
         f"{report['epochs']} epoch{'s' if report['epochs'] != 1 else ''})"
-    )
+    ))
     lines.append("")
     d = report["distribution"]
     lines.append("per row:")

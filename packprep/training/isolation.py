@@ -244,44 +244,61 @@ def _as_layout(row: dict, name: str, data) -> dict:
     return get_layout(name).to_layout(pa.Table.from_pylist([row], schema=row_schema()), context).to_pylist()[0]
 
 
-def _pick(dataset, trainer, max_rows: int) -> tuple[int, int]:
-    """(index of the truth row in ``dataset``, index of what the pipeline is fed): a row of two or
-    more sequences when there is one among the first ``max_rows`` (else a row of one: truncation,
-    labels and the attention path are still checked)."""
+def _pick(dataset, trainer, max_rows: int) -> tuple[int, list[tuple[int, int]]]:
+    """Where the check starts: a row of two or more sequences when there is one among the first
+    ``max_rows`` (else a row of one: truncation, labels and the attention path are still checked).
+    Without a trainer, (its index, []); with one, (the index in its prepared dataset, [(index of the
+    truth row in ``dataset``, index in the prepared dataset)] for it and the rows after it that make a
+    batch of ``per_device_train_batch_size``)."""
     if trainer is None:
         found = [i for i in range(min(len(dataset), max_rows)) if len(dataset[i]["seq_lens"]) >= 2]
-        return (found or [0])[0], (found or [0])[0]
+        return (found or [0])[0], []
     prepared = trainer.train_dataset
     if not hasattr(prepared, "select"):
         raise TypeError("check_pipeline(trainer) needs a map-style train_dataset; for a streaming one, pass "
                         "check_pipeline(trainer.data_collator, trainer.model, data)")
     rows = [dataset[index]["input_ids"] for index in range(min(len(dataset), max_rows * 4))]
     whole = {row.tobytes(): index for index, row in enumerate(rows)}
-    matches = []
-    for i in range(min(len(prepared), max_rows)):
+
+    def truth_of(i: int) -> tuple[int | None, bool]:
+        """(the truth row of prepared row ``i``, whether it is that row whole)"""
         ids = np.asarray(prepared[i]["input_ids"], dtype=rows[0].dtype)
         index = whole.get(ids.tobytes())
-        if index is None:  # a row the trainer cut (the row it starts), or joined to others (the row it starts with)
-            index = next((k for k, row in enumerate(rows)
-                          if np.array_equal(row[: len(ids)], ids[: len(row)])), None)
         if index is not None:
+            return index, True
+        # a row the trainer cut (the row it starts), or joined to others (the row it starts with)
+        return next((k for k, row in enumerate(rows) if np.array_equal(row[: len(ids)], ids[: len(row)])), None), False
+
+    first = None
+    for i in range(min(len(prepared), max_rows)):
+        if (index := truth_of(i)[0]) is not None:
+            first = i if first is None else first
             if len(dataset[index]["seq_lens"]) >= 2:
-                return index, i
-            matches.append((index, i))
-    if matches:
-        return matches[0]
-    raise ValueError("none of the trainer's first rows is a row of the given folder: pass the folder the "
-                     "trainer's train_dataset was loaded from")
+                first = i
+                break
+    if first is None:
+        raise ValueError("none of the trainer's first rows is a row of the given folder: pass the folder the "
+                         "trainer's train_dataset was loaded from")
+    size = max(1, int(getattr(trainer.args, "per_device_train_batch_size", 1) or 1))
+    batch = [(truth_of(first)[0], first)]
+    for i in range(first + 1, min(len(prepared), first + size) if truth_of(first)[1] else first + 1):
+        index, is_whole = truth_of(i)
+        if not is_whole:  # rows the trainer rewrote are checked one at a time, against the row they start with
+            break
+        batch.append((index, i))
+    return first, batch
 
 
 def check_pipeline(pipeline, model=None, data: str | os.PathLike | None = None, *, atol: float | None = None,
                    max_rows: int = 256, layout: str | None = None) -> dict:
-    """Run one packed row of ``data`` through the user's own pipeline and model; raise on any leak.
+    """Run packed rows of ``data`` through the user's own pipeline and model; raise on any leak.
 
     ``pipeline``: the collate function given to the DataLoader (``collate_packed``, a transformers
     ``DataCollator``...), or a transformers/TRL ``Trainer``, whose own path is then used: its
     prepared ``train_dataset`` (TRL truncates there), its column removal
-    (``remove_unused_columns``), its ``data_collator`` and ``_prepare_inputs``, and its model.
+    (``remove_unused_columns``), its ``data_collator`` and ``_prepare_inputs``, and its model, on one
+    batch of ``per_device_train_batch_size`` rows, as ``train()`` makes its batches: a collator that
+    cannot batch the rows (the Trainer's default with no ``processing_class``) is refused here.
     ``model``: the model as configured for training (default: the trainer's).
     ``data``: the packprep output folder the rows come from; it says where each sequence starts.
     ``layout``: the layout the pipeline reads when it is a stack's own (``torchtune``,
@@ -305,21 +322,58 @@ def check_pipeline(pipeline, model=None, data: str | os.PathLike | None = None, 
     if trainer is not None:
         check_order(trainer, data)
     dataset, readers = _truth(data)
-    index, picked = _pick(dataset, trainer, max_rows)
-    truth = dataset[index]
-    stored = _stored_row(readers, dataset, index)
-    if TREE_COLUMN in truth:  # shared-prefix rows: read as trees, or refused
+    index, batch_rows = _pick(dataset, trainer, max_rows)
+    truth_index = index if trainer is None else batch_rows[0][0]
+    if TREE_COLUMN in dataset[truth_index]:  # shared-prefix rows: read as trees, or refused
         refuse_context_parallel(trainer)
-        batch, dropped = _made(pipeline, trainer, stored, picked)
-        return check_tree_batch(model, batch, truth, dropped, atol)
-    if layout is not None:
-        stored = _as_layout(stored, layout, data)
-    batch, dropped = _made(pipeline, trainer, stored, picked)
-    return _compare(model, batch, truth, dropped, atol)
+        batch, dropped = _made(pipeline, trainer, _stored_row(readers, dataset, truth_index), index)
+        return check_tree_batch(model, batch, dataset[truth_index], dropped, atol)
+    if trainer is None:
+        truth = dataset[index]
+        stored = _stored_row(readers, dataset, index)
+        if layout is not None:
+            stored = _as_layout(stored, layout, data)
+        return _compare(model, pipeline([stored]), truth, [], atol)
+    # the trainer's own path for one batch of per_device_train_batch_size rows: its prepared dataset,
+    # its column removal, its collator, its device move
+    picked = [i for _, i in batch_rows]
+    examples = list(trainer._remove_unused_columns(trainer.train_dataset.select(picked), "check_pipeline"))
+    for (index, _), example in zip(batch_rows, examples):
+        if len(example["input_ids"]) < len(dataset[index]["input_ids"]):
+            raise PackingIsolationError(_HEAD + _truncated(len(dataset[index]["input_ids"]), len(example["input_ids"])))
+    dropped = [name for name in _stored_row(readers, dataset, batch_rows[0][0]) if name not in examples[0]]
+    try:
+        collated = trainer.data_collator(examples)
+    except Exception as exc:  # what train() would raise on its first batch
+        raise PackingIsolationError(
+            f"this trainer cannot make a batch of the packed rows: its data_collator fails on {len(examples)} rows "
+            f"(per_device_train_batch_size={len(examples)}), as train() would on its first batch: "
+            f"{type(exc).__name__}: {exc}. Pass data_collator=packprep.training.collate_packed (transformers "
+            "Trainer), or the `trl` layout with padding_free=True (TRL)." + (
+                f" The stack dropped the columns {dropped} before the collator." if dropped else "")) from exc
+    batch = trainer._prepare_inputs(collated)
+    return _compare(model, batch, _joined(dataset, batch_rows, batch), dropped, atol)
+
+
+def _joined(dataset, batch_rows, batch) -> dict:
+    """The truth for a batch: its first row's, or, where the collator concatenated the batch's rows into
+    one (``collate_packed``, TRL's padding-free collator), theirs one after the other."""
+    rows = [dataset[index] for index, _ in batch_rows]
+    if batch["input_ids"].shape[0] > 1 or len(rows) == 1:
+        return rows[0]
+    return {name: np.concatenate([row[name] for row in rows]) for name in ("input_ids", "labels", "seq_lens")}
+
+
+_HEAD = "packed sequences are NOT isolated in this pipeline: "
+
+
+def _truncated(row: int, got: int) -> str:
+    return (f"truncation: the row of {row} tokens reached the model as {got} tokens, cutting {row - got} tokens and "
+            "sequences off (TRL: max_length defaults to 1024; set max_length=None, or at least the folder's max_len)")
 
 
 def _made(pipeline, trainer, stored: dict, picked: int) -> tuple[dict, list[str]]:
-    """The batch the pipeline makes of the stored row, and the columns its stack dropped first."""
+    """The batch the pipeline makes of one stored shared-prefix row, and the columns its stack dropped first."""
     if trainer is None:
         return pipeline([stored]), []
     # the trainer's own path: its prepared dataset, its column removal, its collator, its device move
@@ -337,16 +391,12 @@ def _compare(model, batch: Mapping[str, Any], truth: Mapping[str, np.ndarray], d
     starts = np.cumsum(seq_lens) - seq_lens
     got_ids = batch["input_ids"][0].cpu().numpy()
     n = min(len(ids), len(got_ids))
-    head = "packed sequences are NOT isolated in this pipeline: "
+    head = _HEAD
     if not np.array_equal(got_ids[:n], ids[:n]):
         raise PackingIsolationError(head + "the batch's input_ids are not the packed row's (the collator reordered "
                                     "or rewrote the tokens); feed rows as they are stored")
     if len(got_ids) < len(ids):
-        raise PackingIsolationError(
-            head + f"truncation: the row of {len(ids)} tokens reached the model as {len(got_ids)} tokens, cutting "
-            f"{len(ids) - len(got_ids)} tokens and sequences off (TRL: max_length defaults to 1024; set "
-            "max_length=None, or at least the folder's max_len)"
-        )
+        raise PackingIsolationError(head + _truncated(len(ids), len(got_ids)))
     dtype = _model_dtype(model)
     was_training = model.training
     model.eval()
