@@ -72,7 +72,8 @@ class ControlText:
             return False
         if conversation.text is not None:
             return self._spells(conversation.text)
-        return self._spells(conversation.messages) or self._spells(conversation.tools)
+        return (self._spells(conversation.messages) or self._spells(conversation.tools)
+                or self._spells(list(conversation.trained.values())))
 
     def _mask(self, value, found: list[str]):
         if isinstance(value, str):
@@ -89,7 +90,8 @@ class ControlText:
             return replace(render(conversation), markup=[])  # plain text: all of it is content
         found: list[str] = []
         masked = replace(conversation, messages=self._mask(conversation.messages, found),
-                         tools=self._mask(conversation.tools, found))
+                         tools=self._mask(conversation.tools, found),
+                         trained={k: self._mask(m, found) for k, m in conversation.trained.items()})
         rendered = render(masked)  # a record split by --turn-context exact: each sequence unmasked alike
         return replace(self._unmask(rendered, found), earlier=[self._unmask(e, found) for e in rendered.earlier])
 

@@ -46,6 +46,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
+from .assistant_turns import reasoning_of
 from .errors import ConfigError
 from .normalize import Conversation, Rejected, template_refusal
 
@@ -63,6 +64,7 @@ class Rendered:
     earlier: list["Rendered"] = field(default_factory=list)  # more sequences of this record (turn_context exact)
     turns_out_of_context: int = 0  # trained as the full rendering writes them (turn_context rendered)
     turns_rewritten: int = 0  # turns the full rendering does not hold as at inference (any turn_context)
+    changes: dict[str, int] = field(default_factory=dict)  # what became of the turns' reasoning (assistant_turns.py)
 
 
 @dataclass(frozen=True)
@@ -232,10 +234,24 @@ def probe_shape(render: Callable[[list, list | None, bool], str]) -> Shape:
     return Shape(tail, opening, closing)
 
 
+def _own_rendering(before: str, after: str, history: Callable[[], str] | None) -> str | None:
+    """What ``after`` holds after the last occurrence of the generation prompt (``before`` beyond
+    ``history()``): the turn as the template writes it, where the rest of ``after`` is rewritten."""
+    if history is None:
+        return None
+    try:
+        past = history()
+    except Rejected:
+        return None
+    prompt = before[len(past):] if before.startswith(past) else ""
+    at = after.rfind(prompt) if prompt.strip() else -1
+    return after[at + len(prompt):] if at >= 0 else None
+
+
 def _reasoning(message: dict, shape: Shape) -> str:
     """The turn's reasoning: ``reasoning_content``, else the content up to the closing tag."""
-    reasoning = message.get("reasoning_content")
-    if isinstance(reasoning, str):
+    reasoning = reasoning_of(message)
+    if reasoning is not None:
         return reasoning
     content = message.get("content")
     if isinstance(content, str) and shape.closing in content:
@@ -243,16 +259,24 @@ def _reasoning(message: dict, shape: Shape) -> str:
     return ""
 
 
-def inference_turn(before: str, after: str, message: dict, shape: Shape) -> Turn | None:
+def inference_turn(before: str, after: str, message: dict, shape: Shape,
+                   history: Callable[[], str] | None = None) -> Turn | None:
     """Turn *k*'s context and target from ``before`` (``render(messages[:k], True)``) and
-    ``after`` (``render(messages[:k+1])``); None where the definition has no value."""
+    ``after`` (``render(messages[:k+1])``, the turn in its trained form); None where the definition
+    has no value. ``history()`` is ``render(messages[:k])``: where the rendering of the turn does
+    not extend its context (the template rewrites earlier turns once a reply follows them: a
+    system prompt moved to the last user message, reasoning kept only until an answer follows),
+    the target is what the template writes for the turn after its generation prompt (``before``
+    beyond ``history()``), found at the end of ``after``."""
     if after.startswith(before):
         target = after[len(before):]
     elif shape.opening and before.endswith(shape.opening) and after.startswith(before[: -len(shape.opening)]):
         answer = after[len(before) - len(shape.opening):]
         target = _reasoning(message, shape).strip("\n") + "\n" + shape.closing + "\n\n" + answer.lstrip("\n")
     else:
-        return None
+        target = _own_rendering(before, after, history)
+        if target is None:
+            return None
     tail = shape.tail
     core = target[: -len(tail)] if tail and target.endswith(tail) and len(target) > len(tail) else target
     return Turn(before, target, core)
@@ -268,32 +292,43 @@ def render_conversation(template: ChatTemplate, conversation: Conversation, trai
             "the tokenizer has no chat template; pass a tokenizer that has one, or set "
             "tokenizer.chat_template in its tokenizer_config.json"
         )
-    messages = conversation.messages
+    messages, trained = conversation.messages, conversation.trained
     assistant_turns = [k for k, message in enumerate(messages) if message["role"] == "assistant"]
     if not assistant_turns:
         raise Rejected("no assistant turn to train on", "no_assistant_turn")
     messages = messages[: assistant_turns[-1] + 1]
-    if train_on == "all":
-        return Rendered(template.render(messages, conversation.tools), [], train_all=True)
+    if train_on == "all":  # every message as the model writes it when trained
+        return Rendered(template.render([trained.get(k, m) for k, m in enumerate(messages)], conversation.tools), [],
+                        train_all=True)
     full, prefix = template.render_with_prefixes(messages, conversation.tools)
     if train_on == "last":
         assistant_turns = assistant_turns[-1:]
+
+    def rendered_with(k: int) -> str:
+        """``render(messages[:k+1])`` with message k in its trained form."""
+        if k not in trained:
+            return full if k == len(messages) - 1 else prefix(k + 1, False)
+        template.prefix_renders += 1
+        return template.render(messages[:k] + [trained[k]], conversation.tools)
+
     pairs: dict[int, tuple[str, str]] = {}  # k -> (context, rendering of messages[:k+1])
     not_located, refused = 0, None  # refused: why the template refused a prefix the definition needs
     for k in assistant_turns:
         try:
-            pairs[k] = prefix(k, True), full if k == len(messages) - 1 else prefix(k + 1, False)
+            pairs[k] = prefix(k, True), rendered_with(k)
         except Rejected as exc:  # the definition cannot be evaluated for this turn: not located
             not_located, refused = not_located + 1, refused or (k, getattr(exc, "template_error", exc))
     if all(after.startswith(before) and full.startswith(after) for before, after in pairs.values()):
         # every turn held as at inference (most templates): the full rendering is the one sequence
         spans = [(len(before), len(after)) for before, after in pairs.values() if len(after) > len(before)]
         sequences, untrained, out_of_context, rewritten = [(full, spans)], 0, 0, 0
+        targets = {k: after[len(before):] for k, (before, after) in pairs.items()}
     else:
         turns = {k: turn for k, (before, after) in pairs.items()
-                 if (turn := inference_turn(before, after, messages[k], template.shape)) is not None}
+                 if (turn := inference_turn(before, after, messages[k], template.shape,
+                                            lambda k=k: prefix(k, False))) is not None}
         not_located += len(pairs) - len(turns)
-        sequences, untrained, out_of_context, rewritten = _sequences(full, turns, turn_context)
+        sequences, untrained, out_of_context, rewritten, targets = _sequences(full, turns, turn_context)
     if not any(spans for _, spans in sequences):
         if refused:
             k, error = refused
@@ -308,7 +343,27 @@ def render_conversation(template: ChatTemplate, conversation: Conversation, trai
         raise Rejected("assistant turns render to no tokens", "no_supervised_tokens")
     (text, spans), earlier = sequences[0], [Rendered(t, s) for t, s in reversed(sequences[1:])]
     return Rendered(text, spans, not_located + untrained, earlier=earlier, turns_out_of_context=out_of_context,
-                    turns_rewritten=rewritten)
+                    turns_rewritten=rewritten, changes=_reasoning_fates(messages, trained, targets))
+
+
+def _reasoning_fates(messages: list[dict], trained: dict[int, dict], targets: dict[int, str]) -> dict[str, int]:
+    """What became of each assistant turn's reasoning, judged on the text it is trained on
+    (``targets``: turn -> trained text): trained as the template writes it, inlined by
+    ``--reasoning inline`` (in the turn's trained form only), or in no trained token (dropped)."""
+    fates: dict[str, int] = {}
+    for k, message in enumerate(messages):
+        reasoning = reasoning_of(message) if message["role"] == "assistant" else None
+        if reasoning is None:
+            continue
+        needle = reasoning.strip()
+        if needle not in targets.get(k, ""):
+            fate = "reasoning_dropped"
+        elif k in trained and needle not in (message.get("content") or ""):
+            fate = "reasoning_inlined"
+        else:
+            fate = "reasoning_trained"
+        fates[fate] = fates.get(fate, 0) + 1
+    return fates
 
 
 def _begins(text: str, turn: Turn) -> bool:
@@ -324,15 +379,16 @@ def _span(text: str, turn: Turn) -> tuple[int, int]:
 
 def _sequences(full: str, turns: dict[int, Turn], policy: str):
     """([(text, spans)], turns untrained, turns trained out of context, turns the full rendering
-    does not hold as at inference): the last sequence first."""
+    does not hold as at inference, {turn: the text it is trained on}): the last sequence first."""
     held = {k for k, turn in turns.items() if _begins(full, turn)}
     rewritten = len(turns) - len(held)
     if policy != "exact":
-        spans = [_span(full, turns[k]) for k in sorted(held)]
-        found = [] if policy == "intact" else [s for k in sorted(set(turns) - held)
-                                                if (s := _as_rendered(full, turns[k])) is not None]
-        spans = sorted(s for s in spans + found if s[1] > s[0])
-        return [(full, spans)], rewritten - len(found), len(found), rewritten
+        spans = {k: _span(full, turns[k]) for k in sorted(held)}
+        found = {} if policy == "intact" else {k: s for k in sorted(set(turns) - held)
+                                               if (s := _as_rendered(full, turns[k])) is not None}
+        targets = {k: full[a:b] for k, (a, b) in {**spans, **found}.items()}
+        spans = sorted(s for s in [*spans.values(), *found.values()] if s[1] > s[0])
+        return [(full, spans)], rewritten - len(found), len(found), rewritten, targets
     left, sequences = sorted(turns), []
     while left:
         last = turns[left[-1]]
@@ -343,7 +399,7 @@ def _sequences(full: str, turns: dict[int, Turn], policy: str):
         if spans:  # turns that render to no text train nothing: no sequence for them alone
             sequences.append((text, spans))
         left = [k for k in left if k not in covered]
-    return sequences or [(full, [])], 0, 0, rewritten
+    return sequences or [(full, [])], 0, 0, rewritten, {k: turn.target for k, turn in turns.items()}
 
 
 def _as_rendered(full: str, turn: Turn) -> tuple[int, int] | None:

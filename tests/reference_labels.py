@@ -6,8 +6,11 @@ For each assistant turn k: context ``C_k = render(messages[:k], add_generation_p
 probing a template is *given* here, read off the template by a person (:data:`SHAPES`): the
 constant tail after the last message, and the reasoning block a generation prompt opens. Policy
 ``exact``: from the last turn backwards, a sequence ``C_k + T_k`` trains turn k and every earlier
-turn whose ``C_j + T_j`` (tail left out) begins it. Labels are positional on token prefixes:
-the tokens of ``S[:end]`` beyond those of ``S[:start]``.
+turn whose ``C_j + T_j`` (tail left out) begins it. Ids follow the definition on token ids:
+each turn's context tokenized alone, its target the ids ``C + T`` adds to those (``T`` alone where
+they do not begin with them); a sequence is its last turn's context and target ids, and an earlier
+turn it does not hold id for id gets a sequence of its own. ``trained`` gives a message's form when
+it is the turn trained (reasoning written inline, tool calls as text), never in the history.
 """
 
 from __future__ import annotations
@@ -39,8 +42,9 @@ def renderer(tok, template: str | None = None):
     return render
 
 
-def turn_targets(render, messages, tools=None, shape=("", "", ""), last_only=False):
+def turn_targets(render, messages, tools=None, shape=("", "", ""), last_only=False, trained=None):
     """({k: (context, target, target without the tail)}, turns whose definition has no value, first refusal)."""
+    trained = trained or {}
     tail, opening, closing = shape
     turns = [k for k, m in enumerate(messages) if m["role"] == "assistant"]
     if last_only:
@@ -48,7 +52,8 @@ def turn_targets(render, messages, tools=None, shape=("", "", ""), last_only=Fal
     found, missing, refusal = {}, 0, None
     for k in turns:
         try:
-            context, rendered = render(messages[:k], True, tools), render(messages[: k + 1], False, tools)
+            context = render(messages[:k], True, tools)
+            rendered = render(messages[:k] + [trained.get(k, messages[k])], False, tools)
         except Exception as exc:
             missing, refusal = missing + 1, refusal or exc
             continue
@@ -62,9 +67,13 @@ def turn_targets(render, messages, tools=None, shape=("", "", ""), last_only=Fal
                 reasoning = content.split(closing)[0].split(opening.strip())[-1] if closing in content else ""
             answer = rendered[len(context) - len(opening):]
             target = reasoning.strip("\n") + "\n" + closing + "\n\n" + answer.lstrip("\n")
-        else:
-            missing += 1
-            continue
+        else:  # the turn's own rendering, after the last generation prompt, where the rest is rewritten
+            prompt = context[len(render(messages[:k], False, tools)):]
+            at = rendered.rfind(prompt) if prompt.strip() else -1
+            if at < 0:
+                missing += 1
+                continue
+            target = rendered[at + len(prompt):]
         bare = target[: -len(tail)] if tail and target.endswith(tail) and target != tail else target
         found[k] = (context, target, bare)
     return found, missing, refusal
@@ -86,6 +95,30 @@ def exact_sequences(found: dict):
         if spans:
             out.insert(0, (text, sorted(spans)))
         todo = [j for j in todo if j not in inside]
+    return out
+
+
+def token_sequences(tok, text: str, spans) -> list[tuple[list[int], list[int]]]:
+    """The sequences (ids, labels) of one text sequence, in conversation order, each turn on its
+    context tokenized alone (the token-exact definition)."""
+    encode = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    turns = []
+    for start, end in spans:
+        context, whole = encode(text[:start]), encode(text[:end])
+        turns.append((context, whole[len(context):] if whole[: len(context)] == context else encode(text[start:end])))
+    out, left = [], list(range(len(turns)))
+    while left:
+        context, target = turns[left[-1]]
+        ids = context + target
+        if left[-1] == len(turns) - 1 and spans[-1][1] < len(text):
+            ids += encode(text[spans[-1][1]:])
+        labels = [-100] * len(ids)
+        held = [k for k in left if ids[: len(turns[k][0]) + len(turns[k][1])] == turns[k][0] + turns[k][1]]
+        for k in held:
+            a, b = len(turns[k][0]), len(turns[k][0]) + len(turns[k][1])
+            labels[a:b] = ids[a:b]
+        out.insert(0, (ids, labels))
+        left = [k for k in left if k not in held]
     return out
 
 

@@ -61,23 +61,29 @@ def record_with_reasoning() -> dict:
                 {"role": "user", "content": "And 3+3?"}, {"role": "assistant", "content": "<think>Add again.</think>6"})
 
 
-@pytest.mark.parametrize("field_name, policy, expected, counted", [
-    ("reasoning_content", "inline", [{"content": "4", "reasoning_content": "Add."},
-                                     {"content": "6", "reasoning_content": "Add again."}], {}),
-    ("thinking", "inline", [{"content": "4", "thinking": "Add."}, {"content": "6", "thinking": "Add again."}], {}),
-    (None, "inline", [{"content": "<think>\nAdd.\n</think>\n\n4"}, {"content": "<think>\nAdd again.\n</think>\n\n6"}],
-     {"reasoning_inlined": 2}),
-    (None, "drop", [{"content": "4"}, {"content": "6"}], {"reasoning_dropped": 2}),
+@pytest.mark.parametrize("fields, policy, expected, trained, counted", [
+    (("reasoning_content",), "inline", [{"content": "4", "reasoning_content": "Add."},
+                                        {"content": "6", "reasoning_content": "Add again."}], {}, {}),
+    (("thinking",), "inline", [{"content": "4", "thinking": "Add."}, {"content": "6", "thinking": "Add again."}], {}, {}),
+    (("thinking", "reasoning"), "inline", [{"content": "4", "thinking": "Add.", "reasoning": "Add."},
+                                           {"content": "6", "thinking": "Add again.", "reasoning": "Add again."}], {}, {}),
+    # no field: the history as given (an inline block stays where the record wrote it); reasoning given
+    # apart is written inline into the turn's trained form only, never into the context of later turns
+    ((), "inline", [{"content": "4", "reasoning_content": "Add."},
+                    {"content": "<think>Add again.</think>6", "reasoning_content": "Add again."}],
+     {1: "<think>\nAdd.\n</think>\n\n4"}, {}),
+    ((), "drop", [{"content": "4"}, {"content": "6"}], {}, {"reasoning_dropped": 2}),
 ])
-def test_reasoning_goes_where_the_template_reads_it_or_is_counted(field_name, policy, expected, counted):
-    conversation = normalize(record_with_reasoning(), "openai", policy=Policy(reasoning=policy, reasoning_field=field_name))
+def test_reasoning_goes_where_the_template_reads_it_or_is_counted(fields, policy, expected, trained, counted):
+    conversation = normalize(record_with_reasoning(), "openai", policy=Policy(reasoning=policy, reasoning_fields=fields))
     assert [{k: v for k, v in m.items() if k != "role"} for m in conversation.messages[1::2]] == expected
+    assert {k: m["content"] for k, m in conversation.trained.items()} == trained
     assert conversation.changes == counted
 
 
 def test_reasoning_reject_names_the_message_and_the_options():
     with pytest.raises(Rejected, match="assistant message 1 has reasoning.*--reasoning inline") as caught:
-        normalize(record_with_reasoning(), "openai", policy=Policy(reasoning="reject", reasoning_field=None))
+        normalize(record_with_reasoning(), "openai", policy=Policy(reasoning="reject", reasoning_fields=()))
     assert caught.value.code == "reasoning_not_rendered"
 
 
@@ -121,15 +127,16 @@ def test_record_kwargs_are_kept_and_counted():
 # the real templates
 # ---------------------------------------------------------------------------------------------
 
-# (system, tool_calls, tool_results, call_content, call_arguments, reasoning_field) found by probing
+# (system, tool_calls, tool_results, call_content, call_arguments, reasoning fields, own roles) found by probing
+OWN = ("developer", "ipython", "function")
 DECIDED = {
-    "qwen3": ("keep", "native", "tool", "empty", "object", "reasoning_content"),
-    "qwq": ("keep", "native", "tool", "empty", "object", None),
-    "deepseek-r1-distill-qwen": ("keep", "native", "tool", "none", "string", None),
-    "phi-3.5-mini": ("keep", "text", "user", "empty", "object", None),
-    "mistral-v3": ("keep", "native", "tool", "empty", "object", None),
-    "llama-3.1": ("keep", "native", "tool", "empty", "object", None),
-    "llama-3.2": ("keep", "native", "tool", "empty", "object", None),
+    "qwen3": ("keep", "native", "tool", "empty", "object", ("reasoning_content",), ()),
+    "qwq": ("keep", "native", "tool", "empty", "object", (), ()),
+    "deepseek-r1-distill-qwen": ("keep", "native", "tool", "none", "string", (), ()),
+    "phi-3.5-mini": ("keep", "text", "user", "empty", "object", (), ()),
+    "mistral-v3": ("keep", "native", "tool", "empty", "object", (), ()),
+    "llama-3.1": ("keep", "native", "tool", "empty", "object", (), OWN),  # renders any role as its own header
+    "llama-3.2": ("keep", "native", "tool", "empty", "object", (), OWN),
 }
 
 RECORDS = [
@@ -167,7 +174,7 @@ def test_each_template_gets_what_it_reads_and_renders_as_transformers_does(name,
     template = ChatTemplate(ours)
     policy = fit_to_template(template.render)
     assert (policy.system, policy.tool_calls, policy.tool_results, policy.call_content, policy.call_arguments,
-            policy.reasoning_field) == DECIDED[name]
+            policy.reasoning_fields, policy.roles) == DECIDED[name]
     rendered = 0
     for record in RECORDS:
         conversation = normalize(record, "openai", policy=policy)
@@ -182,9 +189,8 @@ def test_each_template_gets_what_it_reads_and_renders_as_transformers_does(name,
         rendered += 1
         if policy.tool_calls == "native" and "tool_calls" in json.dumps(record):
             assert "weather" in text and "Paris" in text  # the call itself, not dropped
-        reasoning = conversation.changes.get("reasoning_inlined", 0)
-        if policy.reasoning_field is None and record is RECORDS[0]:
-            assert reasoning == 2  # no place for it: written inline, counted
+        if not policy.reasoning_fields and record is RECORDS[0]:  # no place for it: inline in the trained turn only
+            assert [m["content"] for m in conversation.trained.values()] == ["<think>\nAdd.\n</think>\n\n4"]
     assert rendered >= 2
 
 
@@ -207,7 +213,7 @@ def test_a_template_that_reads_thinking_gets_it_there(template_folder):
                          "{{ m.content }}{% endfor %}")  # reads reasoning as gpt-oss's template does
     template = ChatTemplate(tok)
     policy = fit_to_template(template.render)
-    assert policy.reasoning_field == "thinking"
+    assert policy.reasoning_fields == ("thinking",)
     conversation = normalize(record_with_reasoning(), "openai", policy=policy)
     assert template.render(conversation.messages, None) == (
         "<|user|>What is 2+2?<|assistant|>[Add.]4<|user|>And 3+3?<|assistant|>[Add again.]6")
@@ -215,9 +221,9 @@ def test_a_template_that_reads_thinking_gets_it_there(template_folder):
 
 
 @needs_fixtures
-@pytest.mark.parametrize("policy, line", slow_but({("drop", "2 assistant turns' reasoning dropped")},
-                                                  [("inline", "2 assistant turns' reasoning written inline"),
-                                                   ("drop", "2 assistant turns' reasoning dropped")]))
+@pytest.mark.parametrize("policy, line", slow_but({("drop", "2 assistant turns' reasoning in no trained token")},
+                                                  [("inline", "1 trained turns' reasoning written inline"),
+                                                   ("drop", "2 assistant turns' reasoning in no trained token")]))
 def test_stats_and_pack_count_every_turn_whose_reasoning_has_no_place(policy, line, template_folder, tmp_path):
     from click.testing import CliRunner
 
@@ -228,8 +234,11 @@ def test_stats_and_pack_count_every_turn_whose_reasoning_has_no_place(policy, li
     folder = template_folder("llama-3.2")
     stats = CliRunner().invoke(main, ["stats", str(chats), "-t", folder, "--reasoning", policy, "--json", "-q"])
     assert stats.exit_code == 0, stats.output
-    counted = {"inline": "reasoning_inlined", "drop": "reasoning_dropped"}[policy]
-    assert json.loads(stats.stdout)["normalized"][counted] == 2
+    # inline: the reasoning given apart is written into the trained turn, the <think> block the record wrote
+    # into its content is trained as the template renders it; each counted once, as the shards hold it
+    counted = {"inline": {"reasoning_inlined": 1, "reasoning_trained": 1}, "drop": {"reasoning_dropped": 2}}[policy]
+    normalized = json.loads(stats.stdout)["normalized"]
+    assert {k: v for k, v in normalized.items() if k.startswith("reasoning") and v} == counted
     pack = CliRunner().invoke(main, ["pack", str(chats), "-t", folder, "--reasoning", policy, "-o", str(tmp_path / "o"),
                                      "-q", "--num-proc", "1", "--max-len", "512"])
     assert pack.exit_code == 0, pack.output
