@@ -480,7 +480,9 @@ def fit_to_template(render: Callable[[list, list | None, bool], str], leading_as
     results = "tool" if shows(result("tool"), tools) or shows(result("tool")) else "user"
     roles = tuple(role for role in OWN_ROLES if shows([{"role": role, "content": _PROBE}, user, reply] if role == "developer"
                                                       else result(role), tools))
-    fields = tuple(name for name in REASONING_FIELDS if shows([user, {**reply, name: _PROBE}]))
+    # a template may write reasoning only beside tool calls (gpt-oss keeps a call's analysis)
+    fields = tuple(name for name in REASONING_FIELDS if shows([user, {**reply, name: _PROBE}])
+                   or (calls == "native" and shows([user, {**call, name: _PROBE}], tools)))
     return Policy(leading_assistant=leading_assistant, consecutive=consecutive, system=system, tool_calls=calls,
                   tool_results=results, reasoning=reasoning, call_content=content, call_arguments=arguments,
                   reasoning_fields=fields, roles=roles, unrendered_calls=tool_calls)
