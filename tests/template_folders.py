@@ -10,6 +10,7 @@ so that transformers and packprep's own loader (packprep/tokenizer_folder.py) re
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -140,6 +141,131 @@ def build_folder(name: str, dest: str | Path) -> Path:
         str(t["id"]): {k: t[k] for k in ("content", "lstrip", "normalized", "rstrip", "single_word", "special")}
         for t in added}
     config["chat_template"] = (TEMPLATES / family.template).read_text(encoding="utf-8")
+    (dest / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False), encoding="utf-8")
+    (dest / "tokenizer_config.json").write_text(json.dumps(config, ensure_ascii=False, indent=1), encoding="utf-8")
+    for licence in ("LICENSE", "NOTICE"):
+        if (base / licence).is_file():
+            (dest / licence).write_bytes((base / licence).read_bytes())
+    return dest
+
+
+# ---- the template zoo: every public template of tests/templates/zoo/ on a fixture vocabulary ----------
+
+ZOO_TEMPLATES = TEMPLATES / "zoo"
+# The control strings a template writes: <|im_start|>, <｜User｜>, [INST], <start_of_turn>, <seed:think>,
+# Gemma 4's <|turn>/<turn|>, MiniMax's ]~b], and the XML-like tags reasoning/tool templates use as tokens.
+CONTROL = re.compile(
+    r"<\|[^|<>\s'\"{}]{1,40}\|>|<\|\"\|>|<｜[^｜\s'\"]{1,40}｜>|\[[A-Z][A-Z_]{1,30}\]|\[gMASK\]|<sop>"
+    r"|<(?:start|end)_of_turn>|</?seed:[a-z_]+>|<\|[a-z_]+>|<[a-z_]+\|>|<SPECIAL_\d+>|<sep>|\]~!?b[\[\]]|\[e~\["
+    r"|</?(?:think|thinking|tool_call|tool_calls|tool_response|tools|arg_key|arg_value|available_tools)>")
+PLAIN = re.compile(r"</?[a-z_]+>")  # tag-like strings are added as non-special tokens, as Qwen3's <think>
+
+
+@dataclass(frozen=True)
+class ZooEntry:
+    """A template of the zoo and the fixture vocabulary it is tokenized with (SOURCES.md: which are the
+    model's own vocabulary and which stand in for one that is in no fixture)."""
+
+    template: str  # file in tests/templates/zoo
+    base: str  # fixture tokenizer
+    bos: str | None
+    eos: str
+    extra: tuple = ()  # control strings the pattern misses
+
+
+Q, L3, MI, L2, G2 = "qwen2.5", "llama3", "mistral-7b-v0.1", "llama2", "gpt2"
+DS_BOS, DS_EOS = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
+ZOO = {
+    "qwen2.5": ZooEntry("Qwen-Qwen2.5-7B-Instruct.jinja", Q, None, "<|im_end|>"),
+    "qwen3-coder": ZooEntry("Qwen3-Coder.jinja", Q, None, "<|im_end|>"),
+    "qwen3.5": ZooEntry("Qwen3.5-4B.jinja", Q, None, "<|im_end|>"),
+    "mimo-vl": ZooEntry("MiMo-VL.jinja", Q, None, "<|im_end|>"),
+    "mirothinker": ZooEntry("MiroThinker.jinja", Q, None, "<|im_end|>"),
+    "smollm3": ZooEntry("HuggingFaceTB-SmolLM3-3B.jinja", L3, None, "<|im_end|>"),
+    "hermes-3": ZooEntry("NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja", L3, "<|begin_of_text|>", "<|im_end|>"),
+    "firefunction-v2": ZooEntry("fireworks-ai-llama-3-firefunction-v2.jinja", L3, "<|begin_of_text|>", "<|eot_id|>"),
+    "functionary-v3.1": ZooEntry("meetkai-functionary-medium-v3.1.jinja", L3, "<|begin_of_text|>", "<|eot_id|>"),
+    "functionary-v3.2": ZooEntry("meetkai-functionary-medium-v3.2.jinja", L3, "<|begin_of_text|>", "<|eot_id|>"),
+    "deepseek-r1-distill-llama": ZooEntry("deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja", L3, DS_BOS, DS_EOS),
+    "deepseek-v3.1": ZooEntry("deepseek-ai-DeepSeek-V3.1.jinja", Q, DS_BOS, DS_EOS),
+    "deepseek-v3.2": ZooEntry("deepseek-ai-DeepSeek-V3.2.jinja", Q, DS_BOS, DS_EOS),
+    "kimi-k2": ZooEntry("moonshotai-Kimi-K2.jinja", Q, "[BOS]", "<|im_end|>"),
+    "kimi-k2-instruct": ZooEntry("Kimi-K2-Instruct.jinja", Q, "[BOS]", "<|im_end|>"),
+    "kimi-k2-thinking": ZooEntry("Kimi-K2-Thinking.jinja", Q, "[BOS]", "<|im_end|>"),
+    "glm-4.6": ZooEntry("GLM-4.6.jinja", Q, None, "<|endoftext|>"),
+    "glm-4.7-flash": ZooEntry("GLM-4.7-Flash.jinja", Q, None, "<|endoftext|>"),
+    "minimax-m2": ZooEntry("MiniMax-M2.jinja", Q, "]~!b[", "[e~["),
+    "minimax-m3": ZooEntry("MiniMax-M3.jinja", Q, "]~!b[", "[e~["),
+    "gpt-oss": ZooEntry("openai-gpt-oss-120b.jinja", Q, "<|startoftext|>", "<|return|>", ("<|constrain|>",)),
+    "seed-oss": ZooEntry("ByteDance-Seed-OSS.jinja", Q, "<seed:bos>", "<seed:eos>"),
+    "nemotron-nano-v2": ZooEntry("NVIDIA-Nemotron-Nano-v2.jinja", Q, None, "<SPECIAL_12>"),
+    "nemotron-3-nano": ZooEntry("NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja", Q, None, "<|im_end|>"),
+    "granite-3.3": ZooEntry("ibm-granite-granite-3.3-2B-Instruct.jinja", G2, "<|end_of_text|>", "<|end_of_text|>"),
+    "granite-4.0": ZooEntry("ibm-granite-granite-4.0.jinja", G2, "<|end_of_text|>", "<|end_of_text|>"),
+    "granite-4.1": ZooEntry("ibm-granite-granite-4.1.jinja", G2, "<|end_of_text|>", "<|end_of_text|>"),
+    "command-r-plus": ZooEntry("CohereForAI-c4ai-command-r-plus-tool_use.jinja", Q, "<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>"),
+    "command-r7b": ZooEntry("CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", Q, "<BOS_TOKEN>",
+                            "<|END_OF_TURN_TOKEN|>"),
+    "lfm2": ZooEntry("LFM2-8B-A1B.jinja", Q, "<|startoftext|>", "<|im_end|>"),
+    "lfm2.5": ZooEntry("LFM2.5-8B-A1B.jinja", Q, "<|startoftext|>", "<|im_end|>"),
+    "lfm2.5-instruct": ZooEntry("LFM2.5-Instruct.jinja", Q, "<|startoftext|>", "<|im_end|>"),
+    "stepfun-3.5": ZooEntry("StepFun3.5-Flash.jinja", Q, "<｜begin▁of▁sentence｜>", "<|im_end|>"),
+    "reka-edge": ZooEntry("Reka-Edge.jinja", Q, None, "<sep>"),
+    "gigachat3": ZooEntry("GigaChat3-10B-A1.8B.jinja", Q, "<s>", "</s>"),
+    "gigachat3.1": ZooEntry("GigaChat3.1-10B-A1.8B.jinja", Q, "<s>", "</s>"),
+    "solar-open": ZooEntry("upstage-Solar-Open-100B.jinja", Q, None, "<|end|>"),
+    "apertus": ZooEntry("Apertus-8B-Instruct.jinja", MI, "<s>", "<|assistant_end|>"),
+    "apriel-1.5": ZooEntry("unsloth-Apriel-1.5.jinja", MI, "<s>", "<|end|>"),
+    "apriel-1.6": ZooEntry("Apriel-1.6-15b-Thinker-fixed.jinja", MI, "<s>", "<|end|>"),
+    "bielik-v3": ZooEntry("Bielik-11B-v3.0-Instruct.jinja", MI, "<s>", "<|im_end|>"),
+    "mistral-nemo": ZooEntry("mistralai-Mistral-Nemo-Instruct-2407.jinja", MI, "<s>", "</s>"),
+    "mistral-small-3.2": ZooEntry("Mistral-Small-3.2-24B-Instruct-2506.jinja", MI, "<s>", "</s>"),
+    "devstral-small": ZooEntry("unsloth-mistral-Devstral-Small-2507.jinja", MI, "<s>", "</s>"),
+    "ministral-3-reasoning": ZooEntry("mistralai-Ministral-3-14B-Reasoning-2512.jinja", MI, "<s>", "</s>"),
+    "gemma-2": ZooEntry("google-gemma-2-2b-it.jinja", L2, "<bos>", "<end_of_turn>"),
+    "gemma-4": ZooEntry("google-gemma-4-31B-it.jinja", L2, "<bos>", "<turn|>"),
+    "gemma-4-interleaved": ZooEntry("google-gemma-4-31B-it-interleaved.jinja", L2, "<bos>", "<turn|>"),
+}
+ZOO_NAMES = list(FAMILIES) + list(ZOO)  # every template the conformance checks
+KEEP_ADDED = {L3, L2, MI, G2}  # bases whose own added tokens are part of the vocabulary (Qwen2.5's are not)
+
+
+def zoo_template(name: str) -> str:
+    """The chat template of zoo entry (or family) ``name``."""
+    path = TEMPLATES / FAMILIES[name].template if name in FAMILIES else ZOO_TEMPLATES / ZOO[name].template
+    return path.read_text(encoding="utf-8")
+
+
+def build_zoo_folder(name: str, dest: str | Path) -> Path:
+    """A folder for ``name``: a family of :data:`FAMILIES` as :func:`build_folder` makes it; a zoo entry as
+    its base fixture with the base's added tokens (none for Qwen2.5) and then, at the next free ids, the
+    control strings its template writes, its BOS and EOS."""
+    if name in FAMILIES:
+        return build_folder(name, dest)
+    entry, template = ZOO[name], zoo_template(name)
+    base = TOKENIZERS / entry.base
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    tokenizer = json.loads((base / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab = tokenizer["model"]["vocab"]
+    added = tokenizer["added_tokens"] if entry.base in KEEP_ADDED else []
+    known = set(vocab) | {t["content"] for t in added}
+    next_id = max([*vocab.values(), *(t["id"] for t in added)]) + 1
+    wanted = sorted(set(CONTROL.findall(template)) | set(entry.extra)) + [t for t in (entry.bos, entry.eos) if t]
+    for content in wanted:
+        if content not in known:
+            added.append(_token(next_id, content, special=not PLAIN.fullmatch(content)))
+            known.add(content)
+            next_id += 1
+    tokenizer["added_tokens"] = added
+    if entry.base in (L2, MI) and entry.bos != "<s>":
+        tokenizer["post_processor"] = None  # the base's post-processor adds its <s>
+    config = {"bos_token": entry.bos, "eos_token": entry.eos, "pad_token": entry.eos,
+              "unk_token": "<unk>" if entry.base in (L2, MI) else None, "clean_up_tokenization_spaces": False,
+              "model_max_length": 131072, "tokenizer_class": "PreTrainedTokenizerFast",
+              "added_tokens_decoder": {str(t["id"]): {k: t[k] for k in ("content", "lstrip", "normalized", "rstrip",
+                                                                        "single_word", "special")} for t in added},
+              "chat_template": template}
     (dest / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False), encoding="utf-8")
     (dest / "tokenizer_config.json").write_text(json.dumps(config, ensure_ascii=False, indent=1), encoding="utf-8")
     for licence in ("LICENSE", "NOTICE"):
