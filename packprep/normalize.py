@@ -34,7 +34,7 @@ each conversation, and each counts what it changed (``Conversation.changes``; th
     become user messages. Decided once per template by :func:`fit_to_template`.
 ``roles_mapped``
     OpenAI's ``developer``, ``ipython`` and ``function`` roles go to the template as they are
-    where it renders them; where it does not, as ``system`` (developer) or ``tool``, counted.
+    unless it refuses them (raises); where it does, as ``system`` (developer) or ``tool``, counted.
 ``tool_call_text_dropped`` / ``reasoning_trained`` / ``reasoning_inlined`` / ``reasoning_dropped``
     An assistant's reasoning and tool calls in the shape the template reads them; what became of
     each turn's reasoning is counted once rendered (assistant_turns.py, render.py;
@@ -478,8 +478,16 @@ def fit_to_template(render: Callable[[list, list | None, bool], str], leading_as
         return [user, call, {"role": role, "tool_call_id": "probe0001", "name": "probe", "content": _PROBE}, reply]
 
     results = "tool" if shows(result("tool"), tools) or shows(result("tool")) else "user"
-    roles = tuple(role for role in OWN_ROLES if shows([{"role": role, "content": _PROBE}, user, reply] if role == "developer"
-                                                      else result(role), tools))
+    def renders(messages, tools=None) -> bool:
+        try:
+            render(messages, tools, False)
+            return True
+        except Rejected:
+            return False
+
+    # passed as they are unless the template refuses them: what it does with them at inference
+    roles = tuple(role for role in OWN_ROLES if renders([{"role": role, "content": _PROBE}, user, reply]
+                                                        if role == "developer" else result(role), tools))
     # a template may write reasoning only beside tool calls (gpt-oss keeps a call's analysis)
     fields = tuple(name for name in REASONING_FIELDS if shows([user, {**reply, name: _PROBE}])
                    or (calls == "native" and shows([user, {**call, name: _PROBE}], tools)))

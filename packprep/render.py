@@ -234,52 +234,83 @@ def probe_shape(render: Callable[[list, list | None, bool], str]) -> Shape:
     return Shape(tail, opening, closing)
 
 
-def _own_rendering(before: str, after: str, history: Callable[[], str] | None) -> str | None:
-    """What ``after`` holds after the last occurrence of the generation prompt (``before`` beyond
-    ``history()``): the turn as the template writes it, where the rest of ``after`` is rewritten."""
+# tags that open a reasoning block in a generation prompt, and their closing tags: ``<name>`` with "think" or
+# "reason" in the name closes with ``</name>``; these are the other forms public templates use
+OPENINGS = {"[THINK]": "[/THINK]", "<|START_THINKING|>": "<|END_THINKING|>", "<|channel>thought": "<channel|>"}
+_TAG = re.compile(r"<([A-Za-z][\w:-]*)>")
+SENTINEL = "\u2063packprep-content\u2063"  # a reply's content, to find where the template writes it
+
+
+def _opening(prompt: str) -> tuple[str, str] | None:
+    """The last reasoning block ``prompt`` opens and leaves open: (opening, closing)."""
+    found = [(m.start(), m.group(0), f"</{m.group(1)}>") for m in _TAG.finditer(prompt)
+             if "think" in m.group(1).lower() or "reason" in m.group(1).lower()]
+    found += [(prompt.rfind(o), o, c) for o, c in OPENINGS.items() if o in prompt]
+    for at, opening, closing in sorted(found, reverse=True):
+        if closing not in prompt[at:]:
+            return opening, closing
+    return None
+
+
+def inference_turn(before: str, after: str, message: dict, shape: Shape,
+                   history: Callable[[], str] | None = None,
+                   with_content: Callable[[str], str] | None = None) -> Turn | None:
+    """Turn *k*'s context and target from ``before`` (``render(messages[:k], True)``) and ``after``
+    (``render(messages[:k+1])``, the turn in its trained form); None where the definition has no
+    value. Where ``after`` does not extend ``before``, with ``history()`` = ``render(messages[:k])``:
+
+    * both extend the history: the generation prompt (``before`` beyond it) and the turn's rendering
+      share a start; where the rest of the prompt opens a reasoning block the rendering does not
+      (the template strips reasoning from replies, its prompt asks for it: QwQ, DeepSeek-R1), the
+      model writes the reasoning, the closing tag and the rest of the rendering
+      (``reasoning + "\\n</think>\\n\\n" + rest``, a ``\\n`` first where the prompt ends without
+      one); else the rest of the prompt is a marker the model sees and writes after (an empty
+      thought channel): the rest of the rendering, less that marker where it starts with it;
+    * else the template rewrites the history once a reply follows (reasoning kept only until an
+      answer follows, a system prompt moved): the turn as the template writes it after its
+      generation prompt, found last in ``after``, or, for an empty prompt, from where the turn's
+      content begins (``with_content(text)`` renders the turn with other content).
+    """
+    if after.startswith(before):
+        target = after[len(before):]
+    else:
+        target = _rewritten(before, after, message, history, with_content)
+        if target is None:
+            return None
+    tail = shape.tail
+    core = target[: -len(tail)] if tail and target.endswith(tail) and len(target) > len(tail) else target
+    return Turn(before, target, core)
+
+
+def _rewritten(before: str, after: str, message: dict, history, with_content) -> str | None:
+    """The target of a turn whose rendering does not extend its context (:func:`inference_turn`)."""
     if history is None:
         return None
     try:
         past = history()
     except Rejected:
         return None
+    if before.startswith(past) and after.startswith(past):
+        prompt, own = before[len(past):], after[len(past):]
+        common = _common_prefix(prompt, own)
+        rest_prompt, rest = prompt[common:], own[common:]
+        block = _opening(rest_prompt)
+        if block and block[0] not in rest:
+            lead = "" if rest_prompt.endswith("\n") else "\n"
+            return lead + (reasoning_of(message) or "").strip("\n") + "\n" + block[1] + "\n\n" + rest.lstrip("\n")
+        return rest[len(rest_prompt):] if rest.startswith(rest_prompt) else rest
     prompt = before[len(past):] if before.startswith(past) else ""
     at = after.rfind(prompt) if prompt.strip() else -1
-    return after[at + len(prompt):] if at >= 0 else None
-
-
-def _reasoning(message: dict, shape: Shape) -> str:
-    """The turn's reasoning: ``reasoning_content``, else the content up to the closing tag."""
-    reasoning = reasoning_of(message)
-    if reasoning is not None:
-        return reasoning
-    content = message.get("content")
-    if isinstance(content, str) and shape.closing in content:
-        return content.split(shape.closing)[0].split(shape.opening.strip())[-1]
-    return ""
-
-
-def inference_turn(before: str, after: str, message: dict, shape: Shape,
-                   history: Callable[[], str] | None = None) -> Turn | None:
-    """Turn *k*'s context and target from ``before`` (``render(messages[:k], True)``) and
-    ``after`` (``render(messages[:k+1])``, the turn in its trained form); None where the definition
-    has no value. ``history()`` is ``render(messages[:k])``: where the rendering of the turn does
-    not extend its context (the template rewrites earlier turns once a reply follows them: a
-    system prompt moved to the last user message, reasoning kept only until an answer follows),
-    the target is what the template writes for the turn after its generation prompt (``before``
-    beyond ``history()``), found at the end of ``after``."""
-    if after.startswith(before):
-        target = after[len(before):]
-    elif shape.opening and before.endswith(shape.opening) and after.startswith(before[: -len(shape.opening)]):
-        answer = after[len(before) - len(shape.opening):]
-        target = _reasoning(message, shape).strip("\n") + "\n" + shape.closing + "\n\n" + answer.lstrip("\n")
-    else:
-        target = _own_rendering(before, after, history)
-        if target is None:
-            return None
-    tail = shape.tail
-    core = target[: -len(tail)] if tail and target.endswith(tail) and len(target) > len(tail) else target
-    return Turn(before, target, core)
+    if at >= 0:
+        return after[at + len(prompt):]
+    if with_content is None or not isinstance(message.get("content"), str) or not message["content"]:
+        return None
+    try:
+        other = with_content(SENTINEL)
+    except Rejected:
+        return None
+    start = _common_prefix(after, other)
+    return after[start:] if SENTINEL in other[start:] else None
 
 
 def render_conversation(template: ChatTemplate, conversation: Conversation, train_on: str,
@@ -325,8 +356,10 @@ def render_conversation(template: ChatTemplate, conversation: Conversation, trai
         targets = {k: after[len(before):] for k, (before, after) in pairs.items()}
     else:
         turns = {k: turn for k, (before, after) in pairs.items()
-                 if (turn := inference_turn(before, after, messages[k], template.shape,
-                                            lambda k=k: prefix(k, False))) is not None}
+                 if (turn := inference_turn(before, after, trained.get(k, messages[k]), template.shape,
+                                            lambda k=k: prefix(k, False), lambda text, k=k: template.render(
+                                                messages[:k] + [{**trained.get(k, messages[k]), "content": text}],
+                                                conversation.tools))) is not None}
         not_located += len(pairs) - len(turns)
         sequences, untrained, out_of_context, rewritten, targets = _sequences(full, turns, turn_context)
     if not any(spans for _, spans in sequences):

@@ -130,12 +130,12 @@ def test_record_kwargs_are_kept_and_counted():
 # (system, tool_calls, tool_results, call_content, call_arguments, reasoning fields, own roles) found by probing
 OWN = ("developer", "ipython", "function")
 DECIDED = {
-    "qwen3": ("keep", "native", "tool", "empty", "object", ("reasoning_content",), ()),
-    "qwq": ("keep", "native", "tool", "empty", "object", (), ()),
-    "deepseek-r1-distill-qwen": ("keep", "native", "tool", "none", "string", (), ()),
-    "phi-3.5-mini": ("keep", "text", "user", "empty", "object", (), ()),
+    "qwen3": ("keep", "native", "tool", "empty", "object", ("reasoning_content",), OWN),
+    "qwq": ("keep", "native", "tool", "empty", "object", (), OWN),
+    "deepseek-r1-distill-qwen": ("keep", "native", "tool", "none", "string", (), OWN),
+    "phi-3.5-mini": ("keep", "text", "user", "empty", "object", (), OWN),
     "mistral-v3": ("keep", "native", "tool", "empty", "object", (), ()),
-    "llama-3.1": ("keep", "native", "tool", "empty", "object", (), OWN),  # renders any role as its own header
+    "llama-3.1": ("keep", "native", "tool", "empty", "object", (), OWN),  # every template but Mistral's takes them
     "llama-3.2": ("keep", "native", "tool", "empty", "object", (), OWN),
 }
 
