@@ -331,14 +331,19 @@ def render_conversation(template: ChatTemplate, conversation: Conversation, trai
     if train_on == "all":  # every message as the model writes it when trained
         return Rendered(template.render([trained.get(k, m) for k, m in enumerate(messages)], conversation.tools), [],
                         train_all=True)
-    full, prefix = template.render_with_prefixes(messages, conversation.tools)
+    try:
+        full, prefix = template.render_with_prefixes(messages, conversation.tools)
+    except Rejected:  # the template refuses the whole conversation: each turn it renders is trained on its own
+        if turn_context != "exact":
+            raise
+        full, prefix = None, _own_prefixes(template, messages, conversation.tools)
     if train_on == "last":
         assistant_turns = assistant_turns[-1:]
 
     def rendered_with(k: int) -> str:
         """``render(messages[:k+1])`` with message k in its trained form."""
         if k not in trained:
-            return full if k == len(messages) - 1 else prefix(k + 1, False)
+            return full if k == len(messages) - 1 and full is not None else prefix(k + 1, False)
         template.prefix_renders += 1
         return template.render(messages[:k] + [trained[k]], conversation.tools)
 
@@ -349,7 +354,7 @@ def render_conversation(template: ChatTemplate, conversation: Conversation, trai
             pairs[k] = prefix(k, True), rendered_with(k)
         except Rejected as exc:  # the definition cannot be evaluated for this turn: not located
             not_located, refused = not_located + 1, refused or (k, getattr(exc, "template_error", exc))
-    if all(after.startswith(before) and full.startswith(after) for before, after in pairs.values()):
+    if full is not None and all(after.startswith(before) and full.startswith(after) for before, after in pairs.values()):
         # every turn held as at inference (most templates): the full rendering is the one sequence
         spans = [(len(before), len(after)) for before, after in pairs.values() if len(after) > len(before)]
         sequences, untrained, out_of_context, rewritten = [(full, spans)], 0, 0, 0
@@ -361,7 +366,7 @@ def render_conversation(template: ChatTemplate, conversation: Conversation, trai
                                                 messages[:k] + [{**trained.get(k, messages[k]), "content": text}],
                                                 conversation.tools))) is not None}
         not_located += len(pairs) - len(turns)
-        sequences, untrained, out_of_context, rewritten, targets = _sequences(full, turns, turn_context)
+        sequences, untrained, out_of_context, rewritten, targets = _sequences(full or "", turns, turn_context)
     if not any(spans for _, spans in sequences):
         if refused:
             k, error = refused
@@ -377,6 +382,15 @@ def render_conversation(template: ChatTemplate, conversation: Conversation, trai
     (text, spans), earlier = sequences[0], [Rendered(t, s) for t, s in reversed(sequences[1:])]
     return Rendered(text, spans, not_located + untrained, earlier=earlier, turns_out_of_context=out_of_context,
                     turns_rewritten=rewritten, changes=_reasoning_fates(messages, trained, targets))
+
+
+def _own_prefixes(template: ChatTemplate, messages: list[dict], tools: list | None) -> Callable[[int, bool], str]:
+    """``prefix(n, g)``: ``render(messages[:n], add_generation_prompt=g)``, each rendered on its own."""
+    def prefix(n: int, generation: bool) -> str:
+        template.prefix_renders += 1
+        return template.render(messages[:n], tools, generation)
+
+    return prefix
 
 
 def _reasoning_fates(messages: list[dict], trained: dict[int, dict], targets: dict[int, str]) -> dict[str, int]:

@@ -169,3 +169,11 @@ def test_a_turn_whose_rendering_rewrites_its_context_is_trained_after_that_conte
     # the whole conversation renders "U:qA:call findT:rA:done" (the answer follows): no turn in its context there
     assert tok.decode(encoded.input_ids) == "U:qA:[plan]call findT:rA:done", "the answer after its own context"
     assert trained_texts(encoded) == ["[plan]call finddone"] and encoded.changes == {"reasoning_trained": 1}
+
+
+def test_a_record_the_template_refuses_whole_still_trains_the_turns_it_renders():
+    refuses_later = CHATML.replace("{% for m in messages %}", "{% for m in messages %}{% if m.content == 'bad' %}"
+                                   "{{ raise_exception('no') }}{% endif %}")
+    encoded, expected, _ = encode(refuses_later, chat("q", "a", "bad", "b"))
+    assert isinstance(encoded, Encoded) and sequences(encoded) == expected
+    assert trained_texts(encoded) == ["a<|im_end|>\n"] and encoded.turns_not_located == 1
