@@ -177,3 +177,25 @@ def test_a_record_the_template_refuses_whole_still_trains_the_turns_it_renders()
     encoded, expected, _ = encode(refuses_later, chat("q", "a", "bad", "b"))
     assert isinstance(encoded, Encoded) and sequences(encoded) == expected
     assert trained_texts(encoded) == ["a<|im_end|>\n"] and encoded.turns_not_located == 1
+
+
+def test_pack_counts_and_verify_retokenize_follow_the_definition(tmp_path):
+    """A template whose prompt ends in a space, reasoning it has no place for: pack writes each turn on
+    its context tokenized alone, counts the reasoning where the shards hold it, and ``verify
+    --retokenize`` (transformers' renderer and tokenizer) re-makes every sequence the same."""
+    import shutil
+
+    import packprep
+
+    folder = tmp_path / "tok"
+    shutil.copytree(EXAMPLE_TOKENIZER, folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": SPACED}))
+    records = [chat("x", {"content": "y", "reasoning_content": "r1"}, "z", {"content": "w", "reasoning_content": "r2"}),
+               chat("x", "y", "z", "w")]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    manifest = packprep.pack(str(tmp_path / "in.jsonl"), str(tmp_path / "out"), str(folder), max_len=128, num_proc=1)
+    assert manifest["counts"]["normalized"]["reasoning_inlined"] == 2
+    assert manifest["sequences"] == 4 and manifest["counts"]["extra_sequences"] == 2
+    report = packprep.verify(str(tmp_path / "out"), retokenize=10)
+    assert report.ok, report.failures
