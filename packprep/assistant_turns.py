@@ -60,20 +60,14 @@ def with_reasoning(message: dict, turn: dict, number: int) -> dict:
     return message
 
 
-def reasoning_of(message: dict) -> str | None:
-    """The reasoning a fitted message carries, under whichever field it was placed."""
-    for name in REASONING_FIELDS:
-        value = message.get(name)
-        if isinstance(value, str) and value.strip():
-            return value
-    return None
-
-
 def place_reasoning(messages: list[dict], fields: tuple[str, ...], policy: str, counts: Counter,
-                    trained: dict[int, dict]) -> list[dict]:
-    """Reasoning under every field in ``fields`` (those the template reads); where it reads none,
-    ``policy`` (``--reasoning``): ``inline`` writes it into ``trained[k]``, message *k* as rendered
-    when it is the turn trained, never into the history; ``drop`` leaves it out; ``reject`` refuses."""
+                    trained: dict[int, dict], found: dict[int, str]) -> list[dict]:
+    """Reasoning under every field name (``reasoning_content``, ``thinking``, ``reasoning``, as
+    transformers passes it), an inline block moved there where the template reads one of
+    ``fields``; where it reads none, ``policy`` (``--reasoning``): ``inline`` writes reasoning given
+    apart into ``trained[k]``, message *k* as rendered when it is the turn trained, never into the
+    history (a block the record wrote into the content stays there); ``drop`` leaves it out;
+    ``reject`` refuses. ``found[k]``: message k's reasoning, for the label definition and counts."""
     out = []
     for number, message in enumerate(messages):
         reasoning = message.get("reasoning_content")
@@ -83,20 +77,23 @@ def place_reasoning(messages: list[dict], fields: tuple[str, ...], policy: str, 
             continue
         message = {k: v for k, v in message.items() if k not in ("reasoning_content", GIVEN)}
         if fields:
-            message.update({name: reasoning for name in fields})
+            message.update(dict.fromkeys(REASONING_FIELDS, reasoning))
         elif policy == "inline":
-            answer = (message["content"] or "").lstrip("\n")
-            # the history as given; reasoning_content stays for the label definition (render.py), unread by the template
-            message = {**message, "content": given if given is not None else message["content"],
-                       "reasoning_content": reasoning}
-            if given is None:  # reasoning given apart from the content: written inline where the turn is trained
+            if given is not None:  # the record's own block, where it wrote it
+                message["content"] = given
+            else:  # given apart: under its names as the record gave it, and inline where the turn is trained
+                answer = (message["content"] or "").lstrip("\n")
+                message.update(dict.fromkeys(REASONING_FIELDS, reasoning))
                 trained[number] = {**message, "content": f"{THINK}\n{reasoning.strip(chr(10))}\n{UNTHINK}\n\n{answer}"}
         elif policy == "drop":
             counts["reasoning_dropped"] += 1
+            out.append(message)
+            continue
         else:
             raise Rejected(f"assistant message {number} has reasoning, and the chat template has no place for it; "
                            "--reasoning inline writes it as <think>...</think> before the answer, --reasoning drop "
                            "leaves it out", "reasoning_not_rendered")
+        found[number] = reasoning
         out.append(message)
     return out
 

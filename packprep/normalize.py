@@ -100,6 +100,7 @@ class Conversation:
     changes: dict[str, int] = field(default_factory=dict)  # what the Policy's transforms did (CHANGES)
     template_kwargs: dict[str, Any] | None = None  # the record's own chat_template_kwargs
     trained: dict[int, dict] = field(default_factory=dict)  # message k as rendered when it is the turn trained
+    reasoning: dict[int, str] = field(default_factory=dict)  # assistant message k's reasoning, wherever it is
 
 
 @dataclass(frozen=True)
@@ -298,7 +299,8 @@ def fit(conversation: Conversation, policy: Policy) -> Conversation:
     # the shape the template reads; what changes only in the turn being trained goes to ``trained``
     messages = shape_calls(messages, policy.call_content, policy.call_arguments, counts)
     trained: dict[int, dict] = {}
-    messages = place_reasoning(messages, policy.reasoning_fields, policy.reasoning, counts, trained)
+    reasoning: dict[int, str] = {}
+    messages = place_reasoning(messages, policy.reasoning_fields, policy.reasoning, counts, trained, reasoning)
     messages = _tool_calls_as_text(messages, policy, counts, trained)
     if conversation.template_kwargs:
         counts["template_kwargs"] += 1
@@ -307,7 +309,7 @@ def fit(conversation: Conversation, policy: Policy) -> Conversation:
                        "turn(s) before it were dropped: --leading-assistant drop)", "no_assistant_turn")
     return Conversation(messages=messages, tools=conversation.tools, text=conversation.text,
                         changes={k: v for k, v in counts.items() if v}, template_kwargs=conversation.template_kwargs,
-                        trained=trained)
+                        trained=trained, reasoning=reasoning)
 
 
 def _tool_calls_as_text(messages: list[dict], policy: Policy, counts: Counter, trained: dict[int, dict]) -> list[dict]:
@@ -488,9 +490,14 @@ def fit_to_template(render: Callable[[list, list | None, bool], str], leading_as
     # passed as they are unless the template refuses them: what it does with them at inference
     roles = tuple(role for role in OWN_ROLES if renders([{"role": role, "content": _PROBE}, user, reply]
                                                         if role == "developer" else result(role), tools))
-    # a template may write reasoning only beside tool calls (gpt-oss keeps a call's analysis)
-    fields = tuple(name for name in REASONING_FIELDS if shows([user, {**reply, name: _PROBE}])
-                   or (calls == "native" and shows([user, {**call, name: _PROBE}], tools)))
+    # a template may write reasoning only in some turns: beside tool calls (gpt-oss keeps a call's
+    # analysis), or in replies after the first; it reads a field if it writes it in any
+    def reads(name: str) -> bool:
+        thought = {**reply, name: _PROBE}
+        return (shows([user, thought]) or shows([user, reply, user, thought]) or shows([user, thought, user, reply])
+                or (calls == "native" and shows([user, {**call, name: _PROBE}], tools)))
+
+    fields = tuple(name for name in REASONING_FIELDS if reads(name))
     return Policy(leading_assistant=leading_assistant, consecutive=consecutive, system=system, tool_calls=calls,
                   tool_results=results, reasoning=reasoning, call_content=content, call_arguments=arguments,
                   reasoning_fields=fields, roles=roles, unrendered_calls=tool_calls)

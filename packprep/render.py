@@ -46,7 +46,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
-from .assistant_turns import reasoning_of
 from .errors import ConfigError
 from .normalize import Conversation, Rejected, template_refusal
 
@@ -254,7 +253,7 @@ def _opening(prompt: str) -> tuple[str, str] | None:
 
 def inference_turn(before: str, after: str, message: dict, shape: Shape,
                    history: Callable[[], str] | None = None,
-                   with_content: Callable[[str], str] | None = None) -> Turn | None:
+                   with_content: Callable[[str], str] | None = None, reasoning: str | None = None) -> Turn | None:
     """Turn *k*'s context and target from ``before`` (``render(messages[:k], True)``) and ``after``
     (``render(messages[:k+1])``, the turn in its trained form); None where the definition has no
     value. Where ``after`` does not extend ``before``, with ``history()`` = ``render(messages[:k])``:
@@ -274,7 +273,7 @@ def inference_turn(before: str, after: str, message: dict, shape: Shape,
     if after.startswith(before):
         target = after[len(before):]
     else:
-        target = _rewritten(before, after, message, history, with_content)
+        target = _rewritten(before, after, message, history, with_content, reasoning)
         if target is None:
             return None
     tail = shape.tail
@@ -282,7 +281,7 @@ def inference_turn(before: str, after: str, message: dict, shape: Shape,
     return Turn(before, target, core)
 
 
-def _rewritten(before: str, after: str, message: dict, history, with_content) -> str | None:
+def _rewritten(before: str, after: str, message: dict, history, with_content, reasoning: str | None) -> str | None:
     """The target of a turn whose rendering does not extend its context (:func:`inference_turn`)."""
     if history is None:
         return None
@@ -297,7 +296,7 @@ def _rewritten(before: str, after: str, message: dict, history, with_content) ->
         block = _opening(rest_prompt)
         if block and block[0] not in rest:
             lead = "" if rest_prompt.endswith("\n") else "\n"
-            return lead + (reasoning_of(message) or "").strip("\n") + "\n" + block[1] + "\n\n" + rest.lstrip("\n")
+            return lead + (reasoning or "").strip("\n") + "\n" + block[1] + "\n\n" + rest.lstrip("\n")
         return rest[len(rest_prompt):] if rest.startswith(rest_prompt) else rest
     prompt = before[len(past):] if before.startswith(past) else ""
     at = after.rfind(prompt) if prompt.strip() else -1
@@ -364,7 +363,7 @@ def render_conversation(template: ChatTemplate, conversation: Conversation, trai
                  if (turn := inference_turn(before, after, trained.get(k, messages[k]), template.shape,
                                             lambda k=k: prefix(k, False), lambda text, k=k: template.render(
                                                 messages[:k] + [{**trained.get(k, messages[k]), "content": text}],
-                                                conversation.tools))) is not None}
+                                                conversation.tools), conversation.reasoning.get(k))) is not None}
         not_located += len(pairs) - len(turns)
         sequences, untrained, out_of_context, rewritten, targets = _sequences(full or "", turns, turn_context)
     if not any(spans for _, spans in sequences):
@@ -381,7 +380,7 @@ def render_conversation(template: ChatTemplate, conversation: Conversation, trai
         raise Rejected("assistant turns render to no tokens", "no_supervised_tokens")
     (text, spans), earlier = sequences[0], [Rendered(t, s) for t, s in reversed(sequences[1:])]
     return Rendered(text, spans, not_located + untrained, earlier=earlier, turns_out_of_context=out_of_context,
-                    turns_rewritten=rewritten, changes=_reasoning_fates(messages, trained, targets))
+                    turns_rewritten=rewritten, changes=_reasoning_fates(messages, conversation, targets))
 
 
 def _own_prefixes(template: ChatTemplate, messages: list[dict], tools: list | None) -> Callable[[int, bool], str]:
@@ -393,19 +392,19 @@ def _own_prefixes(template: ChatTemplate, messages: list[dict], tools: list | No
     return prefix
 
 
-def _reasoning_fates(messages: list[dict], trained: dict[int, dict], targets: dict[int, str]) -> dict[str, int]:
+def _reasoning_fates(messages: list[dict], conversation: Conversation, targets: dict[int, str]) -> dict[str, int]:
     """What became of each assistant turn's reasoning, judged on the text it is trained on
     (``targets``: turn -> trained text): trained as the template writes it, inlined by
     ``--reasoning inline`` (in the turn's trained form only), or in no trained token (dropped)."""
     fates: dict[str, int] = {}
     for k, message in enumerate(messages):
-        reasoning = reasoning_of(message) if message["role"] == "assistant" else None
+        reasoning = conversation.reasoning.get(k)
         if reasoning is None:
             continue
         needle = reasoning.strip()
         if needle not in targets.get(k, ""):
             fate = "reasoning_dropped"
-        elif k in trained and needle not in (message.get("content") or ""):
+        elif k in conversation.trained and needle not in (message.get("content") or ""):
             fate = "reasoning_inlined"
         else:
             fate = "reasoning_trained"

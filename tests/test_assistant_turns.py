@@ -38,11 +38,11 @@ USER = {"role": "user", "content": "What is 2+2?"}
 ])
 def test_every_shape_of_reasoning_becomes_one_field(assistant):
     conversation = normalize(chat(USER, assistant), "openai")
-    assert conversation.messages[1] == {"role": "assistant", "content": "4", "reasoning_content": "Add them."}
+    assert conversation.messages[1] == {"role": "assistant", "content": "4", **fields("Add them.")}
     sharegpt = {"from": "gpt", **{k: v for k, v in assistant.items() if k not in ("role", "content")},
                 "value": assistant["content"] if isinstance(assistant["content"], str) else "<think>Add them.</think>4"}
     turns = normalize({"conversations": [{"from": "human", "value": "q"}, sharegpt]}, "sharegpt").messages
-    assert turns[1] == {"role": "assistant", "content": "4", "reasoning_content": "Add them."}
+    assert turns[1] == {"role": "assistant", "content": "4", **fields("Add them.")}
 
 
 @pytest.mark.parametrize("content", ["4", "<think></think>4", "<think>\n\n</think>\n\n4", "I <think> so</think>", "<think>open"])
@@ -61,21 +61,23 @@ def record_with_reasoning() -> dict:
                 {"role": "user", "content": "And 3+3?"}, {"role": "assistant", "content": "<think>Add again.</think>6"})
 
 
-@pytest.mark.parametrize("fields, policy, expected, trained, counted", [
-    (("reasoning_content",), "inline", [{"content": "4", "reasoning_content": "Add."},
-                                        {"content": "6", "reasoning_content": "Add again."}], {}, {}),
-    (("thinking",), "inline", [{"content": "4", "thinking": "Add."}, {"content": "6", "thinking": "Add again."}], {}, {}),
-    (("thinking", "reasoning"), "inline", [{"content": "4", "thinking": "Add.", "reasoning": "Add."},
-                                           {"content": "6", "thinking": "Add again.", "reasoning": "Add again."}], {}, {}),
-    # no field: the history as given (an inline block stays where the record wrote it); reasoning given
+def fields(reasoning: str) -> dict:
+    return {"reasoning_content": reasoning, "thinking": reasoning, "reasoning": reasoning}
+
+
+@pytest.mark.parametrize("fields_read, policy, expected, trained, counted", [
+    # under every name, as transformers passes it: the template reads its own
+    (("reasoning_content",), "inline", [{"content": "4", **fields("Add.")}, {"content": "6", **fields("Add again.")}], {}, {}),
+    (("thinking",), "inline", [{"content": "4", **fields("Add.")}, {"content": "6", **fields("Add again.")}], {}, {}),
+    # no field read: the history as given (an inline block stays where the record wrote it); reasoning given
     # apart is written inline into the turn's trained form only, never into the context of later turns
-    ((), "inline", [{"content": "4", "reasoning_content": "Add."},
-                    {"content": "<think>Add again.</think>6", "reasoning_content": "Add again."}],
+    ((), "inline", [{"content": "4", **fields("Add.")}, {"content": "<think>Add again.</think>6"}],
      {1: "<think>\nAdd.\n</think>\n\n4"}, {}),
     ((), "drop", [{"content": "4"}, {"content": "6"}], {}, {"reasoning_dropped": 2}),
 ])
-def test_reasoning_goes_where_the_template_reads_it_or_is_counted(fields, policy, expected, trained, counted):
-    conversation = normalize(record_with_reasoning(), "openai", policy=Policy(reasoning=policy, reasoning_fields=fields))
+def test_reasoning_goes_where_the_template_reads_it_or_is_counted(fields_read, policy, expected, trained, counted):
+    conversation = normalize(record_with_reasoning(), "openai",
+                             policy=Policy(reasoning=policy, reasoning_fields=fields_read))
     assert [{k: v for k, v in m.items() if k != "role"} for m in conversation.messages[1::2]] == expected
     assert {k: m["content"] for k, m in conversation.trained.items()} == trained
     assert conversation.changes == counted
@@ -91,7 +93,7 @@ def test_merged_turns_keep_both_reasonings():
     record = chat(USER, {"role": "assistant", "content": "a", "reasoning_content": "r1"},
                   {"role": "assistant", "content": "b", "reasoning_content": "r2"})
     merged = normalize(record, "openai").messages[1]
-    assert merged == {"role": "assistant", "content": "a\n\nb", "reasoning_content": "r1\n\nr2"}
+    assert merged == {"role": "assistant", "content": "a\n\nb", **fields("r1\n\nr2")}
 
 
 CALLS = [{"id": "CallOne01", "type": "function", "function": {"name": "weather", "arguments": "{\"city\": \"Paris\"}"}},
