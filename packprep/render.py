@@ -16,6 +16,12 @@ found by probing the template once (:func:`probe_shape`), never from a list of m
   (Phi-3.5's ``<|endoftext|>``, the same on every probe): a turn with more after it is trained up
   to its own end-of-turn token (generation stops there); the tail is trained once, at the end.
 
+A message may have a *trained form* (``Conversation.trained``: reasoning written inline, tool calls
+as text, for a template that has no place for them): turn *k*'s target is rendered with message *k*
+in that form, never the history. Where ``render(messages[:k+1])`` does not extend the context, the
+target is what the template writes for the turn after its generation prompt
+(:func:`inference_turn`). Token ids follow in turn_ids.py: each context tokenized on its own.
+
 ``turn_context`` says what is done with a turn that the full rendering does not hold in its
 inference context (Qwen3 adds ``<think>\\n\\n</think>\\n\\n`` to the last assistant message only;
 DeepSeek-R1 strips reasoning from every one):
