@@ -15,6 +15,7 @@ it is the turn trained (reasoning written inline, tool calls as text), never in 
 
 from __future__ import annotations
 
+import os
 from datetime import date
 
 from transformers.utils.chat_template_utils import render_jinja_template
@@ -67,16 +68,41 @@ def turn_targets(render, messages, tools=None, shape=("", "", ""), last_only=Fal
                 reasoning = content.split(closing)[0].split(opening.strip())[-1] if closing in content else ""
             answer = rendered[len(context) - len(opening):]
             target = reasoning.strip("\n") + "\n" + closing + "\n\n" + answer.lstrip("\n")
-        else:  # the turn's own rendering, after the last generation prompt, where the rest is rewritten
-            prompt = context[len(render(messages[:k], False, tools)):]
-            at = rendered.rfind(prompt) if prompt.strip() else -1
-            if at < 0:
+        else:  # the rendering does not extend the context
+            target = _rewritten(render, messages[:k], trained.get(k, messages[k]), context, rendered, tools)
+            if target is None:
                 missing += 1
                 continue
-            target = rendered[at + len(prompt):]
         bare = target[: -len(tail)] if tail and target.endswith(tail) and target != tail else target
         found[k] = (context, target, bare)
     return found, missing, refusal
+
+
+OPENINGS = {"<think>": "</think>", "[THINK]": "[/THINK]", "<|START_THINKING|>": "<|END_THINKING|>"}
+
+
+def _rewritten(render, before, message, context, rendered, tools):
+    """The target where ``rendered`` does not extend ``context``, by the rules of tests/zoo_reference.py:
+    both extend the history: the prompt's unshared rest opens a reasoning block the model writes, or is
+    a marker it writes after; else after the generation prompt, found last; else from the content on."""
+    history = render(before, False, tools)
+    if context.startswith(history) and rendered.startswith(history):
+        g, t = context[len(history):], rendered[len(history):]
+        common = len(os.path.commonprefix([g, t]))
+        g1, t1 = g[common:], t[common:]
+        opening = next((o for o in OPENINGS if o in g1 and OPENINGS[o] not in g1[g1.index(o):]), None)
+        if opening and opening not in t1:
+            reasoning = (message.get("reasoning_content") or "").strip("\n")
+            return ("" if g1.endswith("\n") else "\n") + reasoning + "\n" + OPENINGS[opening] + "\n\n" + t1.lstrip("\n")
+        return t1[len(g1):] if t1.startswith(g1) else t1
+    prompt = context[len(history):] if context.startswith(history) else ""
+    if prompt.strip() and prompt in rendered:
+        return rendered[rendered.rfind(prompt) + len(prompt):]
+    if not isinstance(message.get("content"), str) or not message["content"]:
+        return None
+    other = render(before + [dict(message, content="Zq9Sentinel")], False, tools)
+    start = len(os.path.commonprefix([rendered, other]))
+    return rendered[start:] if "Zq9Sentinel" in other[start:] else None
 
 
 def exact_sequences(found: dict):
