@@ -410,7 +410,7 @@ def _reasoning_fates(messages: list[dict], conversation: Conversation, targets: 
         needle = reasoning.strip()
         if needle not in targets.get(k, ""):
             fate = "reasoning_dropped"
-        elif k in conversation.trained and needle not in (message.get("content") or ""):
+        elif k in conversation.trained and (conversation.trained[k].get("content") or "").strip() in targets[k]:
             fate = "reasoning_inlined"
         else:
             fate = "reasoning_trained"

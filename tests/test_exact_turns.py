@@ -199,3 +199,17 @@ def test_pack_counts_and_verify_retokenize_follow_the_definition(tmp_path):
     assert manifest["sequences"] == 4 and manifest["counts"]["extra_sequences"] == 2
     report = packprep.verify(str(tmp_path / "out"), retokenize=10)
     assert report.ok, report.failures
+
+
+# a thinking-mode prompt that ends in <think> with no newline, and past replies stripped of their reasoning
+THINKING_PROMPT = ("{% for m in messages %}{% if m.role == 'user' %}U:{{ m.content }}\n{% else %}A:"
+                   "{{ m.content.split('</think>')[-1] }}\n{% endif %}{% endfor %}{% if add_generation_prompt %}"
+                   "A:<think>{% endif %}")
+
+
+def test_a_thinking_prompt_without_a_newline_trains_every_turn_after_it():
+    record = chat("q", {"content": "a", "reasoning_content": "r"}, "p", "b")
+    encoded, expected, _ = encode(THINKING_PROMPT, record)
+    assert isinstance(encoded, Encoded) and sequences(encoded) == expected and encoded.turns_not_located == 0
+    assert trained_texts(encoded) == ["\nr\n</think>\n\na\n", "\n\n</think>\n\nb\n"]  # the model opens with a newline
+    assert encoded.changes == {"reasoning_trained": 1}
