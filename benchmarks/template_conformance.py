@@ -81,6 +81,7 @@ def markdown(results: dict, shapes, count, settings) -> str:
              "## By template", "",
              "| template | trained / turns | missed | rejected but renderable | policy | unrenderable | reasoning lost "
              "/ traces | manifest inlined / dropped | main miss causes |", "|---|---|---|---|---|---|---|---|---|"]
+    lost_uncounted = 0
     grand = Counter()
     for name, result in results.items():
         if "error" in result:
@@ -92,13 +93,15 @@ def markdown(results: dict, shapes, count, settings) -> str:
         for tally in result["shapes"].values():
             causes.update({k[7:]: v for k, v in tally.items() if k.startswith("missed:")})
         norm = result.get("normalized", {})
+        lost_uncounted += max(0, t["reasoning_lost"] - norm.get("reasoning_dropped", 0))
         lines.append(f"| {name} | {_pct(t['trained'], t['turns'])} | {t['missed']} | {t['rejected_renderable']} | "
                      f"{t['turns_policy']} | {t['turns_unrenderable']} | {t['reasoning_lost']}/{t['reasoning_traces']} | "
                      f"{norm.get('reasoning_inlined', 0)}/{norm.get('reasoning_dropped', 0)} | "
                      f"{', '.join(f'{k} {v}' for k, v in causes.most_common(3))} |")
     lines += ["", f"**All: {_pct(grand['trained'], grand['turns'])} turns trained in context; "
               f"{grand['rejected_renderable']} records rejected that the template renders; "
-              f"{grand['reasoning_lost']} of {grand['reasoning_traces']} reasoning traces in no trained token.**", "",
+              f"{grand['reasoning_lost']} of {grand['reasoning_traces']} reasoning traces in no trained token "
+              f"({lost_uncounted} more than the manifests count as dropped).**", "",
               "## By shape", "", "| shape | trained / turns | missed | rejected but renderable | reasoning lost / traces "
               "| main miss causes |", "|---|---|---|---|---|---|"]
     for shape in shapes:
@@ -121,7 +124,13 @@ def main(argv=None):
     parser.add_argument("--cache", default=None, help="where the tokenizer folders are built [a temporary folder]")
     parser.add_argument("--out", default=str(REPO / "benchmarks"))
     parser.add_argument("--reasoning", default=None, help="packprep's --reasoning (default: its own)")
+    parser.add_argument("--tables-from", default=None, metavar="JSON", help="only rewrite the tables of a run's JSON")
     args = parser.parse_args(argv)
+    if args.tables_from:
+        report = json.loads(Path(args.tables_from).read_text())
+        md = Path(args.tables_from).with_suffix(".md")
+        md.write_text(markdown(report["templates"], report["shapes"], report["count"], report["settings"]))
+        return
     settings = {"reasoning": args.reasoning} if args.reasoning else {}
     templates, shapes = args.templates.split(","), args.shapes.split(",")
     cache = Path(args.cache or tempfile.mkdtemp(prefix="zoo-folders-"))

@@ -251,9 +251,10 @@ def build_zoo_folder(name: str, dest: str | Path) -> Path:
     added = tokenizer["added_tokens"] if entry.base in KEEP_ADDED else []
     known = set(vocab) | {t["content"] for t in added}
     next_id = max([*vocab.values(), *(t["id"] for t in added)]) + 1
-    wanted = sorted(set(CONTROL.findall(template)) | set(entry.extra)) + [t for t in (entry.bos, entry.eos) if t]
-    for content in wanted:
-        if content not in known:
+    specials = [t for t in (entry.bos, entry.eos) if t]
+    for content in sorted(set(CONTROL.findall(template)) | set(entry.extra)) + specials:
+        # BOS and EOS are added tokens even where the vocabulary spells them as text (Qwen2.5's "<s>" is two pieces)
+        if content not in known or (content in specials and content not in {t["content"] for t in added}):
             added.append(_token(next_id, content, special=not PLAIN.fullmatch(content)))
             known.add(content)
             next_id += 1

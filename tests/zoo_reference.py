@@ -18,9 +18,12 @@ read, tool-call arguments in the form the template takes):
         ``reasoning + "\\n" + closing + "\\n\\n" + T1`` (the layout Qwen3, QwQ and R1 write; empty
         reasoning gives ``"\\n</think>\\n\\n"``, as Qwen3 renders it), with a ``"\\n"`` first where
         the prompt's opening has none;
-     b. otherwise G1 is a prompt-only marker (Gemma 4's empty thought channel, DeepSeek V3's
-        ``</think>``): the model writes what the template writes for the turn after it, T1 less G1's
-        text where T1 starts with it;
+     b. otherwise G1 is a prompt-only marker (Gemma 4's empty thought channel, DeepSeek V3.2's
+        ``<think></think>``): the model writes what the template writes for the turn after it, T1,
+        less the longest end of G1 that T1 starts with (the context already holds it);
+
+  (T0 never ends inside a control string: a common start that would cut ``<...>`` or ``[...]`` in
+  two is backed up to its ``<``/``[``.)
   3. else (the rendering with turn k does not continue its context: Mistral Nemo moves the system prompt
      to the last user turn, so the turn's own rendering has none): the target is what R writes from
      where the turn's content begins (found by rendering M[:k+1] again with a sentinel for that
@@ -43,7 +46,7 @@ import os
 from dataclasses import dataclass, field
 from datetime import date
 
-from transformers.utils.chat_template_utils import render_jinja_template
+from transformers.utils.chat_template_utils import _compile_jinja_template, render_jinja_template
 
 DAY = date(2024, 7, 26)  # the fixed date packprep gives templates that read the clock
 REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking")
@@ -57,11 +60,15 @@ ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assi
 def renderer(tok, template: str | None = None):
     """``render(messages, generation, tools)`` by transformers' ``render_jinja_template``."""
     special = {k: v for k, v in tok.special_tokens_map.items() if isinstance(v, str)}
+    template = template or tok.chat_template
+    # transformers 5 turns a callable template variable into an inert string, so the fixed date goes in as
+    # the compiled template's own strftime_now (the compilation is cached per template text)
+    _compile_jinja_template(template).globals["strftime_now"] = DAY.strftime
 
     def render(messages, generation=False, tools=None):
-        texts, _ = render_jinja_template(conversations=[messages], tools=tools, chat_template=template or
-                                         tok.chat_template, add_generation_prompt=generation, **special,
-                                         strftime_now=DAY.strftime, date_string=DAY.strftime("%d %b %Y"))
+        texts, _ = render_jinja_template(conversations=[messages], tools=tools, chat_template=template,
+                                         add_generation_prompt=generation, **special,
+                                         date_string=DAY.strftime("%d %b %Y"))
         return texts[0]
     return render
 
@@ -110,6 +117,7 @@ class Probe:
 
     reads_reasoning: bool
     args: str  # "dict" | "string" | "none" (renders no tool calls)
+    call_content: str | None  # the empty content of a tool-calling message that the template renders calls with
     tail: str  # text written once after the whole conversation (Phi-3.5's <|endoftext|>)
 
 
@@ -125,28 +133,30 @@ def probe(render) -> Probe:
     tool = [{"type": "function", "function": {"name": "fzq", "description": "d",
                                               "parameters": {"type": "object", "properties": {"kzq": {"type": "string"}}}}}]
 
-    def call(arguments):
-        return [user, {"role": "assistant", "content": "", "tool_calls": [
+    def call(arguments, content):
+        return [user, {"role": "assistant", "content": content, "tool_calls": [
             {"id": "abc123def", "type": "function", "function": {"name": "fzq", "arguments": arguments}}]}]
-    as_dict, as_string = attempt(call({"kzq": "vzq"}), tool), attempt(call('{"kzq": "vzq"}'), tool)
-    if "kzq" in as_dict and "{'kzq'" not in as_dict:
-        args = "dict"
-    elif "kzq" in as_string:
-        args = "string"
-    else:
-        args = "none"
+    args, content = "none", ""
+    for form, arguments in (("dict", {"kzq": "vzq"}), ("string", '{"kzq": "vzq"}')):
+        for empty in (None, ""):
+            text = attempt(call(arguments, empty), tool)
+            if args == "none" and "kzq" in text and "{'kzq'" not in text:
+                args, content = form, empty
+    if args == "none":
+        content = None
     one = attempt([user, {"role": "assistant", "content": "Xa1"}])
     two = attempt([user, {"role": "assistant", "content": "Xa1"}, user, {"role": "assistant", "content": "Xb2"}])
     tail = ""
     if "Xa1" in two and "Xb2" in two:
         after_hist, after_last = two.split("Xa1", 1)[1], two.rsplit("Xb2", 1)[1]
-        tail = after_last[len(os.path.commonprefix([after_hist, after_last])):]
-    return Probe(reads, args, tail)
+        tail = after_last[_common_prefix(after_last, after_hist):]
+    return Probe(reads, args, content, tail)
 
 
 def fit(messages: list[dict], pr: Probe) -> list[dict]:
     """Shape changes only: reasoning under every field name (moved out of inline ``<think>`` where the
-    template reads a field), arguments in the form the template takes."""
+    template reads a field), arguments in the form the template takes, a tool-calling message's empty
+    content as None or "" as the template renders calls with (DeepSeek-R1 only with None)."""
     out = []
     for m in messages:
         m = dict(m)
@@ -158,6 +168,8 @@ def fit(messages: list[dict], pr: Probe) -> list[dict]:
                 m.update(dict.fromkeys(REASONING_FIELDS, reasoning))
             if m.get("tool_calls") and pr.args != "none":
                 m["tool_calls"] = [_args(c, pr.args) for c in m["tool_calls"]]
+                if not m.get("content"):  # null or "": OpenAI's two spellings of no text beside the calls
+                    m["content"] = pr.call_content
         out.append(m)
     return out
 
@@ -193,14 +205,26 @@ def _target_text(context, history, rendered, message):
     if not (context.startswith(history) and rendered.startswith(history)):
         return None
     g, t = context[len(history):], rendered[len(history):]
-    common = len(os.path.commonprefix([g, t]))
+    common = _common_prefix(g, t)
     g1, t1 = g[common:], t[common:]
     opening = next((o for o in OPENINGS if o in g1 and OPENINGS[o] not in g1[g1.index(o):]), None)
     if opening and opening not in t1:
         reasoning = (reasoning_of(message) or "").strip("\n")
         lead = "" if g1.endswith("\n") else "\n"
         return lead + reasoning + "\n" + OPENINGS[opening] + "\n\n" + t1.lstrip("\n")
-    return t1[len(g1):] if t1.startswith(g1) else t1
+    overlap = next((len(g1) - j for j in range(len(g1)) if t1.startswith(g1[j:])), 0)
+    return t1[overlap:]  # the context already ends with what T1 starts with (DeepSeek V3.2's "</think>")
+
+
+def _common_prefix(a: str, b: str) -> int:
+    """Length of the common start of ``a`` and ``b``, backed up to the start of a control string
+    (``<...>``, ``[...]``) it would cut in two."""
+    n = len(os.path.commonprefix([a, b]))
+    for opening, closing in (("<", ">"), ("[", "]")):
+        cut = a.rfind(opening, 0, n)
+        if cut >= 0 and a.find(closing, cut, n) < 0 and (a.find(closing, cut) >= 0 or b.find(closing, cut) >= 0):
+            n = min(n, cut)
+    return n
 
 
 def reference_turns(tok, render, messages, tools, pr: Probe, reasoning_policy="inline") -> list[Turn]:

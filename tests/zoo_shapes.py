@@ -71,7 +71,7 @@ def _result(call, text_parts=False):
 def _tool_use(rng, i, as_string=True, parallel=False, text_parts=False, end_in_call=False):
     calls = [_call(rng, i, as_string)] + ([_call(rng, i + 1, as_string)] if parallel else [])
     messages = [{"role": "user", "content": f"What's the weather in {CITIES[i % 4]}, and any news?"},
-                {"role": "assistant", "content": "", "tool_calls": calls}]
+                {"role": "assistant", "content": None if i % 2 == 0 else "", "tool_calls": calls}]
     if end_in_call:
         return {"messages": messages, "tools": TOOLS}
     messages += [_result(c, text_parts) for c in calls]
