@@ -450,9 +450,9 @@ def fit_to_template(render: Callable[[list, list | None, bool], str], leading_as
     message, OpenAI's developer/ipython/function roles, and reasoning (under which fields); each:
     renders without error and shows the probe text. Tool probes are given a tools list: a template
     may render calls only when tools are declared."""
-    def shows(messages, tools=None) -> bool:
+    def shows(messages, tools=None, generation=False) -> bool:
         try:
-            return _PROBE in render(messages, tools, False)
+            return _PROBE in render(messages, tools, generation)
         except Rejected:
             return False
 
@@ -460,7 +460,9 @@ def fit_to_template(render: Callable[[list, list | None, bool], str], leading_as
     tools = [{"type": "function", "function": {"name": "probe", "description": "probe",  # not the probe text:
                                                "parameters": {"type": "object", "properties": {}}}}]  # it shows
     if system == "auto":
-        system = "keep" if shows([{"role": "system", "content": _PROBE}, user, reply]) else "fold"
+        # a template may write the system prompt into the last user turn only (Mistral Nemo): in the context
+        system = "keep" if shows([{"role": "system", "content": _PROBE}, user, reply]) or shows(
+            [{"role": "system", "content": _PROBE}, user], None, True) else "fold"
     calls, content, arguments, call = "text", "empty", "object", reply
     for content_value, arguments_value in (("", {}), (None, {}), ("", "{}"), (None, "{}")):
         probe = {"role": "assistant", "content": content_value,  # an id as Mistral's templates require: 9 characters

@@ -213,3 +213,20 @@ def test_a_thinking_prompt_without_a_newline_trains_every_turn_after_it():
     assert isinstance(encoded, Encoded) and sequences(encoded) == expected and encoded.turns_not_located == 0
     assert trained_texts(encoded) == ["\nr\n</think>\n\na\n", "\n\n</think>\n\nb\n"]  # the model opens with a newline
     assert encoded.changes == {"reasoning_trained": 1}
+
+
+# writes the system prompt into the last message only, when that is a user turn (as Mistral Nemo's template does)
+MOVED_SYSTEM = ("{% for m in messages %}{% if m.role == 'user' %}[INST]{% if loop.last and messages[0].role == 'system' %}"
+                "{{ messages[0].content }} {% endif %}{{ m.content }}[/INST]{% elif m.role == 'assistant' %}"
+                "{{ m.content }}</s>{% endif %}{% endfor %}")
+
+
+def test_a_system_prompt_the_template_moves_is_kept_and_every_turn_trained_after_it():
+    record = {"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "q"},
+                           {"role": "assistant", "content": "a"}, {"role": "user", "content": "p"},
+                           {"role": "assistant", "content": "b"}]}
+    encoded, expected, conversation = encode(MOVED_SYSTEM, record)
+    assert conversation.messages[0]["role"] == "system", "rendered in the context: not folded"
+    assert sequences(encoded) == expected and encoded.turns_not_located == 0
+    tok = load_tokenizer(str(EXAMPLE_TOKENIZER), transformers=True)
+    assert [tok.decode(ids) for ids, _ in encoded.sequences] == ["[INST]S q[/INST]a</s>", "[INST]q[/INST]a</s>[INST]S p[/INST]b</s>"]
