@@ -99,8 +99,8 @@ def place_reasoning(messages: list[dict], fields: tuple[str, ...], policy: str, 
 
 
 def shape_calls(messages: list[dict], content: str, arguments: str, counts: Counter) -> list[dict]:
-    """Tool-calling messages as the template reads them: ``content`` "empty" ("" for None) or "none"
-    (None, text beside the calls dropped), ``arguments`` "object" or "string" (the record's own
+    """Tool-calling messages as the template reads them: ``content`` "empty" ("" for None), "null"
+    (None for no text) or "none" (None, text beside the calls dropped), ``arguments`` "object" or "string" (the record's own
     JSON text, byte for byte; an object given as such is written with ``json.dumps``)."""
     out = []
     for message in messages:
@@ -110,6 +110,8 @@ def shape_calls(messages: list[dict], content: str, arguments: str, counts: Coun
                 if message["content"]:
                     counts["tool_call_text_dropped"] += 1
                 message["content"] = None
+            elif content == "null" and message.get("tool_calls") and not message["content"]:
+                message["content"] = None  # as OpenAI writes it, where the template renders calls with it
             elif message["content"] is None:
                 message["content"] = ""
             if message.get("tool_calls"):

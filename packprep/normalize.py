@@ -117,8 +117,8 @@ class Policy:
 
     ``system``, ``tool_calls``, ``tool_results``, ``call_content``, ``call_arguments`` and
     ``reasoning_field`` are what :func:`fit_to_template` decides for one template:
-    ``keep``/``fold``, ``native``/``text``, ``tool``/``user``, ``empty``/``none`` (the content
-    of a message with tool calls), ``object``/``string``, the fields it reads reasoning from
+    ``keep``/``fold``, ``native``/``text``, ``tool``/``user``, ``empty``/``null``/``none`` (the
+    content of a message with tool calls: "" for none, None for none, None with text beside dropped), ``object``/``string``, the fields it reads reasoning from
     (none: ``reasoning`` says what is done with it) and the roles of :data:`OWN_ROLES` it renders.
     """
 
@@ -464,14 +464,19 @@ def fit_to_template(render: Callable[[list, list | None, bool], str], leading_as
         system = "keep" if shows([{"role": "system", "content": _PROBE}, user, reply]) or shows(
             [{"role": "system", "content": _PROBE}, user], None, True) else "fold"
     calls, content, arguments, call = "text", "empty", "object", reply
-    for content_value, arguments_value in (("", {}), (None, {}), ("", "{}"), (None, "{}")):
-        probe = {"role": "assistant", "content": content_value,  # an id as Mistral's templates require: 9 characters
-                 "tool_calls": [{"id": "probe0001", "type": "function",
-                                 "function": {"name": _PROBE, "arguments": arguments_value}}]}
-        if shows([user, probe], tools) or shows([user, probe]):
-            calls, call = "native", probe
-            content = "empty" if content_value == "" else "none"
+    for arguments_value in ({}, "{}"):
+        probes = {empty: {"role": "assistant", "content": empty,  # an id as Mistral's templates require: 9 characters
+                          "tool_calls": [{"id": "probe0001", "type": "function",
+                                          "function": {"name": _PROBE, "arguments": arguments_value}}]}
+                  for empty in (None, "")}
+        shown = [empty for empty, probe in probes.items() if shows([user, probe], tools) or shows([user, probe])]
+        if shown:  # None, OpenAI's spelling of no text beside the calls, where the template takes it
+            calls, call = "native", probes[shown[-1]]
+            content = "empty" if shown == [""] else "null" if len(shown) == 2 else "none"
             arguments = "object" if arguments_value == {} else "string"
+            if content == "null" and not shows([user, probes[None], {"role": "tool", "tool_call_id": "probe0001",
+                                                                      "content": "r"}, {**reply, "content": _PROBE}], tools):
+                content = "empty"  # None only where the template also renders what follows the call
             break
 
     if calls == "native":  # the call of the results' probe, without the probe text

@@ -246,6 +246,16 @@ _TAG = re.compile(r"<([A-Za-z][\w:-]*)>")
 SENTINEL = "\u2063packprep-content\u2063"  # a reply's content, to find where the template writes it
 
 
+def _control_safe(a: str, b: str, n: int) -> int:
+    """``n``, a common start of ``a`` and ``b``, backed up to the start of a control string (``<...>``,
+    ``[...]``) it would cut in two (``<think>`` and ``<tool_call>`` share ``<t``)."""
+    for opening, closing in (("<", ">"), ("[", "]")):
+        cut = a.rfind(opening, 0, n)
+        if cut >= 0 and a.find(closing, cut, n) < 0 and (a.find(closing, cut) >= 0 or b.find(closing, cut) >= 0):
+            n = min(n, cut)
+    return n
+
+
 def _opening(prompt: str) -> tuple[str, str] | None:
     """The last reasoning block ``prompt`` opens and leaves open: (opening, closing)."""
     found = [(m.start(), m.group(0), f"</{m.group(1)}>") for m in _TAG.finditer(prompt)
@@ -297,13 +307,15 @@ def _rewritten(before: str, after: str, message: dict, history, with_content, re
         return None
     if before.startswith(past) and after.startswith(past):
         prompt, own = before[len(past):], after[len(past):]
-        common = _common_prefix(prompt, own)
+        common = _control_safe(prompt, own, _common_prefix(prompt, own))
         rest_prompt, rest = prompt[common:], own[common:]
         block = _opening(rest_prompt)
         if block and block[0] not in rest:
             lead = "" if rest_prompt.endswith("\n") else "\n"
             return lead + (reasoning or "").strip("\n") + "\n" + block[1] + "\n\n" + rest.lstrip("\n")
-        return rest[len(rest_prompt):] if rest.startswith(rest_prompt) else rest
+        # a marker the context already ends with, that the turn's rendering starts with, is not written again
+        overlap = next((len(rest_prompt) - j for j in range(len(rest_prompt)) if rest.startswith(rest_prompt[j:])), 0)
+        return rest[overlap:]
     prompt = before[len(past):] if before.startswith(past) else ""
     at = after.rfind(prompt) if prompt.strip() else -1
     if at >= 0:

@@ -89,12 +89,16 @@ def _rewritten(render, before, message, context, rendered, tools):
     if context.startswith(history) and rendered.startswith(history):
         g, t = context[len(history):], rendered[len(history):]
         common = len(os.path.commonprefix([g, t]))
+        for opening, closing in (("<", ">"), ("[", "]")):  # never inside a control string
+            cut = g.rfind(opening, 0, common)
+            if cut >= 0 and g.find(closing, cut, common) < 0 and (closing in g[cut:] or closing in t[cut:]):
+                common = min(common, cut)
         g1, t1 = g[common:], t[common:]
         opening = next((o for o in OPENINGS if o in g1 and OPENINGS[o] not in g1[g1.index(o):]), None)
         if opening and opening not in t1:
             reasoning = (message.get("reasoning_content") or "").strip("\n")
             return ("" if g1.endswith("\n") else "\n") + reasoning + "\n" + OPENINGS[opening] + "\n\n" + t1.lstrip("\n")
-        return t1[len(g1):] if t1.startswith(g1) else t1
+        return t1[next((len(g1) - j for j in range(len(g1)) if t1.startswith(g1[j:])), 0):]
     prompt = context[len(history):] if context.startswith(history) else ""
     if prompt.strip() and prompt in rendered:
         return rendered[rendered.rfind(prompt) + len(prompt):]

@@ -136,9 +136,9 @@ DECIDED = {
     "qwq": ("keep", "native", "tool", "empty", "object", (), OWN),
     "deepseek-r1-distill-qwen": ("keep", "native", "tool", "none", "string", (), OWN),
     "phi-3.5-mini": ("keep", "text", "user", "empty", "object", (), OWN),
-    "mistral-v3": ("keep", "native", "tool", "empty", "object", (), ()),
-    "llama-3.1": ("keep", "native", "tool", "empty", "object", (), OWN),  # every template but Mistral's takes them
-    "llama-3.2": ("keep", "native", "tool", "empty", "object", (), OWN),
+    "mistral-v3": ("keep", "native", "tool", "null", "object", (), ()),
+    "llama-3.1": ("keep", "native", "tool", "null", "object", (), OWN),  # every template but Mistral's takes them
+    "llama-3.2": ("keep", "native", "tool", "null", "object", (), OWN),
 }
 
 RECORDS = [
