@@ -310,6 +310,8 @@ def _rewritten(before: str, after: str, message: dict, history, with_content, re
         common = _control_safe(prompt, own, _common_prefix(prompt, own))
         rest_prompt, rest = prompt[common:], own[common:]
         block = _opening(rest_prompt)
+        if block and block[0] not in rest and rest.lstrip().startswith(block[1]):
+            return (reasoning or "").strip("\n") + rest  # the turn's rendering closes the block itself (GLM-4.7)
         if block and block[0] not in rest:
             lead = "" if rest_prompt.endswith("\n") else "\n"
             return lead + (reasoning or "").strip("\n") + "\n" + block[1] + "\n\n" + rest.lstrip("\n")

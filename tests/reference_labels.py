@@ -95,6 +95,8 @@ def _rewritten(render, before, message, context, rendered, tools):
                 common = min(common, cut)
         g1, t1 = g[common:], t[common:]
         opening = next((o for o in OPENINGS if o in g1 and OPENINGS[o] not in g1[g1.index(o):]), None)
+        if opening and opening not in t1 and t1.lstrip().startswith(OPENINGS[opening]):
+            return (message.get("reasoning_content") or "").strip("\n") + t1
         if opening and opening not in t1:
             reasoning = (message.get("reasoning_content") or "").strip("\n")
             return ("" if g1.endswith("\n") else "\n") + reasoning + "\n" + OPENINGS[opening] + "\n\n" + t1.lstrip("\n")

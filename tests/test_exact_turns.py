@@ -230,3 +230,9 @@ def test_a_system_prompt_the_template_moves_is_kept_and_every_turn_trained_after
     assert sequences(encoded) == expected and encoded.turns_not_located == 0
     tok = load_tokenizer(str(EXAMPLE_TOKENIZER), transformers=True)
     assert [tok.decode(ids) for ids, _ in encoded.sequences] == ["[INST]S q[/INST]a</s>", "[INST]q[/INST]a</s>[INST]S p[/INST]b</s>"]
+
+
+def test_a_prompt_that_opens_a_block_the_reply_closes_itself_is_closed_once():
+    closes = THINKING_PROMPT.replace("A:{{ m.content.split('</think>')[-1] }}", "A:</think>{{ m.content.split('</think>')[-1] }}")
+    encoded, expected, _ = encode(closes, chat("q", "a"))
+    assert sequences(encoded) == expected and trained_texts(encoded) == ["</think>a\n"]
