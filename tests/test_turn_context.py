@@ -94,10 +94,10 @@ def test_every_turn_is_trained_in_its_inference_context(name, data, template_fol
     assert isinstance(encoded, Encoded), f"{name} {data}: rejected {encoded}"
     assert [(ids.tolist(), labels.tolist()) for ids, labels in encoded.sequences] == expected
     assert encoded.turns_not_located == missing
-    # DeepSeek-R1's template writes a later tool-calling message without its <｜Assistant｜> header
-    # (ns.is_first is never reset): that turn's rendering does not extend its context, so it has no value
-    # under the definition, and is left untrained and counted
-    assert missing == (name == "deepseek-r1-distill-qwen" and data == "tools"), "every other turn has a context"
+    # DeepSeek-R1's template writes a later tool-calling message without its <｜Assistant｜> header (ns.is_first
+    # is never reset): that turn's rendering does not extend its context, and it is trained as the template
+    # writes it after its generation prompt
+    assert missing == 0, "every turn has a context"
     trained = "".join(tok.decode([t for t, label in zip(ids, labels) if label != -100]) for ids, labels in expected)
     if name in ("qwen3", "qwq", "deepseek-r1-distill-qwen"):  # templates that render reasoning: all of it is trained
         given = [m["reasoning_content"] for m in messages if m.get("reasoning_content")]  # as normalize passes it on
