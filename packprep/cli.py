@@ -23,7 +23,7 @@ from .errors import EXIT_CODES_HELP, EXIT_INTERNAL, PackprepError, Spelling
 from .interrupts import COMMITTED, stop_on_sigterm
 from .layout import layout_names
 from .assistant_turns import REASONING
-from .normalize import CONSECUTIVE, FORMATS, LEADING, SYSTEM, changes_text
+from .normalize import CONSECUTIVE, FORMATS, LEADING, SYSTEM, TOOL_CALLS, changes_text
 from .render import TURN_CONTEXTS, context_text
 from .packing import ROW_ORDERS, STRATEGIES, STRATEGY_TABLE
 from .inspection import inspect_row
@@ -149,6 +149,9 @@ def _record_options(command):
                            help="Reasoning (reasoning_content, <think>...</think>) for a template that renders "
                            "none: write it inline as <think>...</think> before the answer, drop it, or reject "
                            "the record. Counted either way.")(command)
+    command = click.option("--tool-calls", default=DEFAULT.tool_calls, show_default=True, type=click.Choice(TOOL_CALLS),
+                           help="Tool calls for a template that renders none: write them as JSON text into the "
+                           "reply being trained (counted), or reject the record.")(command)
     command = click.option("--system", default=DEFAULT.system, show_default=True, type=click.Choice(SYSTEM),
                            help="System message: auto folds it into the first user turn only where the chat "
                            "template renders none (Mistral v0.1); keep; fold.")(command)

@@ -74,7 +74,8 @@ class ControlText:
         if conversation.text is not None:
             return self._spells(conversation.text)
         return (self._spells(conversation.messages) or self._spells(conversation.tools)
-                or self._spells(conversation.template_kwargs) or self._spells(variables))
+                or self._spells(conversation.template_kwargs) or self._spells(variables)
+                or self._spells(list(conversation.trained.values())))
 
     def _mask(self, value, found: list[str]):
         if isinstance(value, str):
@@ -94,7 +95,8 @@ class ControlText:
         spelled = {k: v for k, v in (variables or {}).items() if self._spells(v)}  # given again, masked, as kwargs
         kwargs = {**spelled, **(conversation.template_kwargs or {})}
         masked = replace(conversation, messages=self._mask(conversation.messages, found),
-                         tools=self._mask(conversation.tools, found), template_kwargs=self._mask(kwargs, found) or None)
+                         tools=self._mask(conversation.tools, found), template_kwargs=self._mask(kwargs, found) or None,
+                         trained={k: self._mask(m, found) for k, m in conversation.trained.items()})
         rendered = render(masked)  # a record split by --turn-context exact: each sequence unmasked alike
         return replace(self._unmask(rendered, found), earlier=[self._unmask(e, found) for e in rendered.earlier])
 

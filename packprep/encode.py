@@ -498,7 +498,7 @@ def _record_policy(encoder: ChatEncoder, config: "PackConfig") -> Policy:
     if not encoder.has_template:
         return Policy(config.leading_assistant, config.consecutive)
     return fit_to_template(encoder.template.render, config.leading_assistant, config.consecutive, config.system,
-                           config.reasoning)
+                           config.reasoning, config.tool_calls)
 
 
 def _template_variables(tokenizer, config: "PackConfig") -> dict:

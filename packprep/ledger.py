@@ -73,6 +73,7 @@ class Ledger:
         """Count what a record that is kept brings: normalizing changes, turns not located, and what
         its turns' contexts cost (the tokens of its sequences before the last, as encoded)."""
         self.changes.update(conversation.changes)
+        self.changes.update(encoded.changes)  # what became of the turns' reasoning, once rendered
         self.changes["control_text_in_content"] += encoded.control_text
         self.turns_not_located += encoded.turns_not_located
         self.context.update({"turns_rewritten": encoded.turns_rewritten, "extra_sequences": len(encoded.earlier),

@@ -26,13 +26,19 @@ each conversation, and each counts what it changed (``Conversation.changes``; th
     the first user message, separated by a blank line (``--system auto``, the default; ``keep``
     never folds, ``fold`` always does).
 ``tool_calls_as_text`` / ``tool_results_as_user``
-    For a template that does not render ``tool_calls`` (plain Llama-3), each call is written into
-    the assistant's content as the JSON ``{"name", "arguments"}``, so that it is still trained;
-    for a template that has no ``tool`` role (Llama-2, Mistral v0.1), tool results become user
-    messages. Decided once per template by :func:`fit_to_template`.
-``tool_call_text_dropped`` / ``reasoning_inlined`` / ``reasoning_dropped``
-    An assistant's reasoning and tool calls in the shape the template reads them, counted where
-    that changes what is trained (assistant_turns.py; ``--reasoning inline|drop|reject``).
+    For a template that does not render ``tool_calls`` (plain Llama-3), ``--tool-calls text``
+    (default) writes each call into the content of the turn being trained as the JSON
+    ``{"name", "arguments"}``, so that it is still trained (earlier turns keep their calls out of
+    the text, as the template renders them at inference); ``--tool-calls reject`` sets such a
+    record aside. For a template that has no ``tool`` role (Llama-2, Mistral v0.1), tool results
+    become user messages. Decided once per template by :func:`fit_to_template`.
+``roles_mapped``
+    OpenAI's ``developer``, ``ipython`` and ``function`` roles go to the template as they are
+    unless it refuses them (raises); where it does, as ``system`` (developer) or ``tool``, counted.
+``tool_call_text_dropped`` / ``reasoning_trained`` / ``reasoning_inlined`` / ``reasoning_dropped``
+    An assistant's reasoning and tool calls in the shape the template reads them; what became of
+    each turn's reasoning is counted once rendered (assistant_turns.py, render.py;
+    ``--reasoning inline|drop|reject``).
 ``template_kwargs``
     Records that carry their own ``chat_template_kwargs`` (rendered with them on top of
     ``--template-arg``; template_inputs.py).
@@ -47,7 +53,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any, Callable
 
-from .assistant_turns import REASONING_FIELDS, place_reasoning, shape_calls, with_reasoning
+from .assistant_turns import ARGUMENTS_TEXT, GIVEN, REASONING_FIELDS, place_reasoning, shape_calls, with_reasoning
 from .errors import ConfigError, Rejected
 
 FORMATS = ("sharegpt", "openai", "alpaca", "text")
@@ -69,7 +75,11 @@ ROLES = {
     "tool": "tool",
     "function": "tool",  # OpenAI's legacy role for a function's result
     "ipython": "tool",  # Llama-3.1's role for a tool's result
+    "developer": "system",  # OpenAI's name for system instructions to reasoning models
 }
+# OpenAI roles passed to a template as they are where it renders them (else as their ROLES entry, counted)
+OWN_ROLES = ("developer", "ipython", "function")
+ROLE = "_role"  # an OpenAI message's own role, while the policy's transforms run
 TOOL_CALL_SPEAKERS = ("function_call",)
 
 LEADING = ("drop", "reject")
@@ -77,7 +87,8 @@ CONSECUTIVE = ("merge", "keep", "reject")
 SYSTEM = ("auto", "keep", "fold")
 CHANGES = ("leading_turns_dropped", "turns_merged", "system_folded", "tool_calls_as_text", "tool_results_as_user",
            "control_text_in_content", "tool_call_text_dropped", "reasoning_inlined", "reasoning_dropped",
-           "template_kwargs")
+           "template_kwargs", "roles_mapped", "reasoning_trained")
+TOOL_CALLS = ("text", "reject")  # tool calls for a template that renders none (--tool-calls)
 
 
 
@@ -88,6 +99,8 @@ class Conversation:
     text: str | None = None
     changes: dict[str, int] = field(default_factory=dict)  # what the Policy's transforms did (CHANGES)
     template_kwargs: dict[str, Any] | None = None  # the record's own chat_template_kwargs
+    trained: dict[int, dict] = field(default_factory=dict)  # message k as rendered when it is the turn trained
+    reasoning: dict[int, str] = field(default_factory=dict)  # assistant message k's reasoning, wherever it is
 
 
 @dataclass(frozen=True)
@@ -104,9 +117,9 @@ class Policy:
 
     ``system``, ``tool_calls``, ``tool_results``, ``call_content``, ``call_arguments`` and
     ``reasoning_field`` are what :func:`fit_to_template` decides for one template:
-    ``keep``/``fold``, ``native``/``text``, ``tool``/``user``, ``empty``/``none`` (the content
-    of a message with tool calls), ``object``/``string`` and the field it reads reasoning from
-    (None: it reads none, and ``reasoning`` says what is done with it).
+    ``keep``/``fold``, ``native``/``text``, ``tool``/``user``, ``empty``/``null``/``none`` (the
+    content of a message with tool calls: "" for none, None for none, None with text beside dropped), ``object``/``string``, the fields it reads reasoning from
+    (none: ``reasoning`` says what is done with it) and the roles of :data:`OWN_ROLES` it renders.
     """
 
     leading_assistant: str = "drop"
@@ -117,7 +130,9 @@ class Policy:
     reasoning: str = "inline"
     call_content: str = "empty"
     call_arguments: str = "object"
-    reasoning_field: str | None = "reasoning_content"
+    reasoning_fields: tuple[str, ...] = ("reasoning_content",)
+    roles: tuple[str, ...] = ()
+    unrendered_calls: str = "text"  # --tool-calls: what is done where tool_calls == "text"
 
 
 def detect_format(record: Any, fields: FieldNames = FieldNames()) -> str | None:
@@ -200,7 +215,8 @@ def _sharegpt_turn(turn: dict, number: int) -> dict:
 
 
 def _openai_turn(turn, number: int) -> dict:
-    role = ROLES[_speaker(turn, number, "role")]
+    given = _speaker(turn, number, "role")
+    role = ROLES[given]
     calls = turn.get("tool_calls") if role == "assistant" else None
     if calls:
         if not isinstance(calls, list):
@@ -214,6 +230,8 @@ def _openai_turn(turn, number: int) -> dict:
         return with_reasoning(message, turn, number)
     if role == "tool":
         message.update({k: turn[k] for k in ("name", "tool_call_id") if isinstance(turn.get(k), str)})
+    if given in OWN_ROLES:
+        message[ROLE] = given
     return message
 
 
@@ -252,8 +270,16 @@ def _call(call: Any, number: int) -> dict:
             decoded = json.loads(arguments)
         except json.JSONDecodeError:
             decoded = None
-        arguments = decoded if isinstance(decoded, dict) else arguments
+        if isinstance(decoded, dict):
+            # kept byte for byte for a template that joins the arguments to text (assistant_turns.shape_calls)
+            arguments, text = decoded, arguments
+        else:
+            text = None
+    else:
+        text = None
     out = {"type": "function", "function": {"name": function["name"], "arguments": arguments}}
+    if text is not None:
+        out["function"][ARGUMENTS_TEXT] = text
     if isinstance(call.get("id"), str):
         out["id"] = call["id"]
     return out
@@ -268,30 +294,58 @@ def fit(conversation: Conversation, policy: Policy) -> Conversation:
     """Apply the policy's transforms in order; each adds what it changed to ``conversation.changes``."""
     counts: Counter = Counter()
     messages = conversation.messages
-    for transform in (_tool_calls_as_text, _tool_results_as_user, _drop_leading):
+    for transform in (_tool_results_as_user, _drop_leading, _merge_consecutive, _own_roles, _fold_system):
         messages = transform(messages, policy, counts)
-    messages = place_reasoning(messages, policy.reasoning_field, policy.reasoning, counts)
-    messages = _merge_consecutive(messages, policy, counts)
+    # the shape the template reads; what changes only in the turn being trained goes to ``trained``
     messages = shape_calls(messages, policy.call_content, policy.call_arguments, counts)
-    messages = _fold_system(messages, policy, counts)
+    trained: dict[int, dict] = {}
+    reasoning: dict[int, str] = {}
+    messages = place_reasoning(messages, policy.reasoning_fields, policy.reasoning, counts, trained, reasoning)
+    messages = _tool_calls_as_text(messages, policy, counts, trained)
     if conversation.template_kwargs:
         counts["template_kwargs"] += 1
     if counts.get("leading_turns_dropped") and not any(m["role"] == "assistant" for m in messages):
         raise Rejected(f"no assistant turn to train on after the first user turn ({counts['leading_turns_dropped']} "
                        "turn(s) before it were dropped: --leading-assistant drop)", "no_assistant_turn")
     return Conversation(messages=messages, tools=conversation.tools, text=conversation.text,
-                        changes={k: v for k, v in counts.items() if v}, template_kwargs=conversation.template_kwargs)
+                        changes={k: v for k, v in counts.items() if v}, template_kwargs=conversation.template_kwargs,
+                        trained=trained, reasoning=reasoning)
 
 
-def _tool_calls_as_text(messages: list[dict], policy: Policy, counts: Counter) -> list[dict]:
+def _tool_calls_as_text(messages: list[dict], policy: Policy, counts: Counter, trained: dict[int, dict]) -> list[dict]:
+    """For a template that renders no tool calls: the calls as JSON text in the trained turn only
+    (``--tool-calls text``), or the record set aside (``reject``)."""
     if policy.tool_calls != "text":
         return messages
     out = []
-    for message in messages:
+    for number, message in enumerate(messages):
         if message.get("tool_calls"):
+            if policy.unrendered_calls == "reject":
+                raise Rejected(f"assistant message {number} makes tool calls, and the chat template renders none; "
+                               "--tool-calls text writes them into the reply as JSON", "tool_calls_not_rendered")
             calls = "\n".join(json.dumps(call["function"], ensure_ascii=False) for call in message["tool_calls"])
-            message = {"role": message["role"], "content": "\n\n".join(p for p in (message["content"], calls) if p)}
+            history = {k: v for k, v in message.items() if k != "tool_calls"}
+            own = trained.get(number, history)
+            trained[number] = {**own, "content": "\n\n".join(p for p in (own.get("content"), calls) if p)}
+            message = {**history, "content": history.get("content") or ""}
             counts["tool_calls_as_text"] += 1
+        out.append(message)
+    return out
+
+
+def _own_roles(messages: list[dict], policy: Policy, counts: Counter) -> list[dict]:
+    """OpenAI's own roles (developer, ipython, function) as they are where the template renders them,
+    else as their canonical role (counted)."""
+    if not any(ROLE in m for m in messages):
+        return messages
+    out = []
+    for message in messages:
+        if ROLE in message:
+            given, message = message[ROLE], {k: v for k, v in message.items() if k != ROLE}
+            if given in policy.roles:
+                message["role"] = given
+            else:
+                counts["roles_mapped"] += 1
         out.append(message)
     return out
 
@@ -334,7 +388,8 @@ def _merge_consecutive(messages: list[dict], policy: Policy, counts: Counter) ->
             raise Rejected(f"messages {number - 1} and {number} are both {message['role']!r} turns; "
                            "--consecutive merge joins them, --consecutive keep leaves them to the template",
                            "consecutive_turns")
-        merged = {**before, "content": "\n\n".join(p for p in (before["content"], message["content"]) if p)}
+        merged = {**{k: v for k, v in before.items() if k != GIVEN},
+                  "content": "\n\n".join(p for p in (before["content"], message["content"]) if p)}
         for name in REASONING_FIELDS:  # both turns' reasoning, under the field the template reads
             if before.get(name) or message.get(name):
                 merged[name] = "\n\n".join(p for p in (before.get(name), message.get(name)) if p)
@@ -365,9 +420,13 @@ _CHANGE_TEXT = {
     "control_text_in_content": "{n} records whose own text spells a control token, encoded as plain text "
                                "(--content-special-tokens)",
     "tool_call_text_dropped": "{n} texts beside tool calls dropped (the template renders calls only without content)",
-    "reasoning_inlined": "{n} assistant turns' reasoning written inline as <think>...</think> (--reasoning inline)",
-    "reasoning_dropped": "{n} assistant turns' reasoning dropped (--reasoning drop)",
+    "reasoning_inlined": "{n} trained turns' reasoning written inline as <think>...</think> (--reasoning inline)",
+    "reasoning_dropped": "{n} assistant turns' reasoning in no trained token (the template strips it, or --reasoning "
+                         "drop)",
     "template_kwargs": "{n} records rendered with their own chat_template_kwargs",
+    "roles_mapped": "{n} developer/ipython/function messages given as system or tool (the template renders no such "
+                    "role)",
+    "reasoning_trained": "{n} assistant turns' reasoning trained as the template writes it",
 }
 
 
@@ -383,34 +442,72 @@ _PROBE = "\u2063packprep-probe\u2063"  # a text no template writes by itself
 
 
 def fit_to_template(render: Callable[[list, list | None, bool], str], leading_assistant: str = "drop",
-                    consecutive: str = "merge", system: str = "auto", reasoning: str = "inline") -> Policy:
+                    consecutive: str = "merge", system: str = "auto", reasoning: str = "inline",
+                    tool_calls: str = "text") -> Policy:
     """The :class:`Policy` for a chat template, decided from what ``render(messages, tools,
     add_generation_prompt)`` does with small probe conversations: whether it renders a system
     message, an assistant's ``tool_calls`` (and with which content and arguments), a ``tool``
-    message, and reasoning (under which field); each: renders without error and shows the probe text."""
-    def shows(messages) -> bool:
+    message, OpenAI's developer/ipython/function roles, and reasoning (under which fields); each:
+    renders without error and shows the probe text. Tool probes are given a tools list: a template
+    may render calls only when tools are declared."""
+    def shows(messages, tools=None, generation=False) -> bool:
         try:
-            return _PROBE in render(messages, None, False)
+            return _PROBE in render(messages, tools, generation)
         except Rejected:
             return False
 
     user, reply = {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}
+    tools = [{"type": "function", "function": {"name": "probe", "description": "probe",  # not the probe text:
+                                               "parameters": {"type": "object", "properties": {}}}}]  # it shows
     if system == "auto":
-        system = "keep" if shows([{"role": "system", "content": _PROBE}, user, reply]) else "fold"
+        # a template may write the system prompt into the last user turn only (Mistral Nemo): in the context
+        system = "keep" if shows([{"role": "system", "content": _PROBE}, user, reply]) or shows(
+            [{"role": "system", "content": _PROBE}, user], None, True) else "fold"
     calls, content, arguments, call = "text", "empty", "object", reply
-    for content_value, arguments_value in (("", {}), (None, {}), ("", "{}"), (None, "{}")):
-        probe = {"role": "assistant", "content": content_value,  # an id as Mistral's templates require: 9 characters
-                 "tool_calls": [{"id": "probe0001", "type": "function",
-                                 "function": {"name": _PROBE, "arguments": arguments_value}}]}
-        if shows([user, probe]):
-            calls, call = "native", probe
-            content = "empty" if content_value == "" else "none"
+    for arguments_value in ({}, "{}"):
+        probes = {empty: {"role": "assistant", "content": empty,  # an id as Mistral's templates require: 9 characters
+                          "tool_calls": [{"id": "probe0001", "type": "function",
+                                          "function": {"name": _PROBE, "arguments": arguments_value}}]}
+                  for empty in (None, "")}
+        shown = [empty for empty, probe in probes.items() if shows([user, probe], tools) or shows([user, probe])]
+        if shown:  # None, OpenAI's spelling of no text beside the calls, where the template takes it
+            calls, call = "native", probes[shown[-1]]
+            content = "empty" if shown == [""] else "null" if len(shown) == 2 else "none"
             arguments = "object" if arguments_value == {} else "string"
+            if content == "null" and not shows([user, probes[None], {"role": "tool", "tool_call_id": "probe0001",
+                                                                      "content": "r"}, {**reply, "content": _PROBE}], tools):
+                content = "empty"  # None only where the template also renders what follows the call
             break
-    results = "tool" if shows([user, call, {"role": "tool", "tool_call_id": "probe0001", "content": _PROBE}, reply]) \
-        else "user"
-    field_name = next((name for name in REASONING_FIELDS if shows([user, {**reply, name: _PROBE}])), None)
-    return Policy(leading_assistant, consecutive, system, calls, results, reasoning, content, arguments, field_name)
+
+    if calls == "native":  # the call of the results' probe, without the probe text
+        call = {**call, "tool_calls": [{**call["tool_calls"][0], "function": {"name": "probe", "arguments":
+                                                                            call["tool_calls"][0]["function"]["arguments"]}}]}
+
+    def result(role: str) -> list:
+        return [user, call, {"role": role, "tool_call_id": "probe0001", "name": "probe", "content": _PROBE}, reply]
+
+    results = "tool" if shows(result("tool"), tools) or shows(result("tool")) else "user"
+    def renders(messages, tools=None) -> bool:
+        try:
+            render(messages, tools, False)
+            return True
+        except Rejected:
+            return False
+
+    # passed as they are unless the template refuses them: what it does with them at inference
+    roles = tuple(role for role in OWN_ROLES if renders([{"role": role, "content": _PROBE}, user, reply]
+                                                        if role == "developer" else result(role), tools))
+    # a template may write reasoning only in some turns: beside tool calls (gpt-oss keeps a call's
+    # analysis), or in replies after the first; it reads a field if it writes it in any
+    def reads(name: str) -> bool:
+        thought = {**reply, name: _PROBE}
+        return (shows([user, thought]) or shows([user, reply, user, thought]) or shows([user, thought, user, reply])
+                or (calls == "native" and shows([user, {**call, name: _PROBE}], tools)))
+
+    fields = tuple(name for name in REASONING_FIELDS if reads(name))
+    return Policy(leading_assistant=leading_assistant, consecutive=consecutive, system=system, tool_calls=calls,
+                  tool_results=results, reasoning=reasoning, call_content=content, call_arguments=arguments,
+                  reasoning_fields=fields, roles=roles, unrendered_calls=tool_calls)
 
 
 def template_refusal(messages: list[dict], error: Exception) -> str:

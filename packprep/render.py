@@ -16,6 +16,12 @@ found by probing the template once (:func:`probe_shape`), never from a list of m
   (Phi-3.5's ``<|endoftext|>``, the same on every probe): a turn with more after it is trained up
   to its own end-of-turn token (generation stops there); the tail is trained once, at the end.
 
+A message may have a *trained form* (``Conversation.trained``: reasoning written inline, tool calls
+as text, for a template that has no place for them): turn *k*'s target is rendered with message *k*
+in that form, never the history. Where ``render(messages[:k+1])`` does not extend the context, the
+target is what the template writes for the turn after its generation prompt
+(:func:`inference_turn`). Token ids follow in turn_ids.py: each context tokenized on its own.
+
 ``turn_context`` says what is done with a turn that the full rendering does not hold in its
 inference context (Qwen3 adds ``<think>\\n\\n</think>\\n\\n`` to the last assistant message only;
 DeepSeek-R1 strips reasoning from every one):
@@ -63,6 +69,7 @@ class Rendered:
     earlier: list["Rendered"] = field(default_factory=list)  # more sequences of this record (turn_context exact)
     turns_out_of_context: int = 0  # trained as the full rendering writes them (turn_context rendered)
     turns_rewritten: int = 0  # turns the full rendering does not hold as at inference (any turn_context)
+    changes: dict[str, int] = field(default_factory=dict)  # what became of the turns' reasoning (assistant_turns.py)
 
 
 @dataclass(frozen=True)
@@ -234,30 +241,97 @@ def probe_shape(render: Callable[[list, list | None, bool], str]) -> Shape:
     return Shape(tail, opening, closing)
 
 
-def _reasoning(message: dict, shape: Shape) -> str:
-    """The turn's reasoning: ``reasoning_content``, else the content up to the closing tag."""
-    reasoning = message.get("reasoning_content")
-    if isinstance(reasoning, str):
-        return reasoning
-    content = message.get("content")
-    if isinstance(content, str) and shape.closing in content:
-        return content.split(shape.closing)[0].split(shape.opening.strip())[-1]
-    return ""
+# tags that open a reasoning block in a generation prompt, and their closing tags: ``<name>`` with "think" or
+# "reason" in the name closes with ``</name>``; these are the other forms public templates use
+OPENINGS = {"[THINK]": "[/THINK]", "<|START_THINKING|>": "<|END_THINKING|>", "<|channel>thought": "<channel|>"}
+_TAG = re.compile(r"<([A-Za-z][\w:-]*)>")
+SENTINEL = "\u2063packprep-content\u2063"  # a reply's content, to find where the template writes it
 
 
-def inference_turn(before: str, after: str, message: dict, shape: Shape) -> Turn | None:
-    """Turn *k*'s context and target from ``before`` (``render(messages[:k], True)``) and
-    ``after`` (``render(messages[:k+1])``); None where the definition has no value."""
+def _control_safe(a: str, b: str, n: int) -> int:
+    """``n``, a common start of ``a`` and ``b``, backed up to the start of a control string (``<...>``,
+    ``[...]``) it would cut in two (``<think>`` and ``<tool_call>`` share ``<t``)."""
+    for opening, closing in (("<", ">"), ("[", "]")):
+        cut = a.rfind(opening, 0, n)
+        if cut >= 0 and a.find(closing, cut, n) < 0 and (a.find(closing, cut) >= 0 or b.find(closing, cut) >= 0):
+            n = min(n, cut)
+    return n
+
+
+def _opening(prompt: str) -> tuple[str, str] | None:
+    """The last reasoning block ``prompt`` opens and leaves open: (opening, closing)."""
+    found = [(m.start(), m.group(0), f"</{m.group(1)}>") for m in _TAG.finditer(prompt)
+             if "think" in m.group(1).lower() or "reason" in m.group(1).lower()]
+    found += [(prompt.rfind(o), o, c) for o, c in OPENINGS.items() if o in prompt]
+    for at, opening, closing in sorted(found, reverse=True):
+        if closing not in prompt[at:]:
+            return opening, closing
+    return None
+
+
+def inference_turn(before: str, after: str, message: dict, shape: Shape,
+                   history: Callable[[], str] | None = None,
+                   with_content: Callable[[str], str] | None = None, reasoning: str | None = None) -> Turn | None:
+    """Turn *k*'s context and target from ``before`` (``render(messages[:k], True)``) and ``after``
+    (``render(messages[:k+1])``, the turn in its trained form); None where the definition has no
+    value. Where ``after`` does not extend ``before``, with ``history()`` = ``render(messages[:k])``:
+
+    * both extend the history: the generation prompt (``before`` beyond it) and the turn's rendering
+      share a start; where the rest of the prompt opens a reasoning block the rendering does not
+      (the template strips reasoning from replies, its prompt asks for it: QwQ, DeepSeek-R1), the
+      model writes the reasoning, the closing tag and the rest of the rendering
+      (``reasoning + "\\n</think>\\n\\n" + rest``, a ``\\n`` first where the prompt ends without
+      one); else the rest of the prompt is a marker the model sees and writes after (an empty
+      thought channel): the rest of the rendering, less that marker where it starts with it;
+    * else the template rewrites the history once a reply follows (reasoning kept only until an
+      answer follows, a system prompt moved): the turn as the template writes it after its
+      generation prompt, found last in ``after``, or, for an empty prompt, from where the turn's
+      content begins (``with_content(text)`` renders the turn with other content).
+    """
     if after.startswith(before):
         target = after[len(before):]
-    elif shape.opening and before.endswith(shape.opening) and after.startswith(before[: -len(shape.opening)]):
-        answer = after[len(before) - len(shape.opening):]
-        target = _reasoning(message, shape).strip("\n") + "\n" + shape.closing + "\n\n" + answer.lstrip("\n")
     else:
-        return None
+        target = _rewritten(before, after, message, history, with_content, reasoning)
+        if target is None:
+            return None
     tail = shape.tail
     core = target[: -len(tail)] if tail and target.endswith(tail) and len(target) > len(tail) else target
     return Turn(before, target, core)
+
+
+def _rewritten(before: str, after: str, message: dict, history, with_content, reasoning: str | None) -> str | None:
+    """The target of a turn whose rendering does not extend its context (:func:`inference_turn`)."""
+    if history is None:
+        return None
+    try:
+        past = history()
+    except Rejected:
+        return None
+    if before.startswith(past) and after.startswith(past):
+        prompt, own = before[len(past):], after[len(past):]
+        common = _control_safe(prompt, own, _common_prefix(prompt, own))
+        rest_prompt, rest = prompt[common:], own[common:]
+        block = _opening(rest_prompt)
+        if block and block[0] not in rest and rest.lstrip().startswith(block[1]):
+            return (reasoning or "").strip("\n") + rest  # the turn's rendering closes the block itself (GLM-4.7)
+        if block and block[0] not in rest:
+            lead = "" if rest_prompt.endswith("\n") else "\n"
+            return lead + (reasoning or "").strip("\n") + "\n" + block[1] + "\n\n" + rest.lstrip("\n")
+        # a marker the context already ends with, that the turn's rendering starts with, is not written again
+        overlap = next((len(rest_prompt) - j for j in range(len(rest_prompt)) if rest.startswith(rest_prompt[j:])), 0)
+        return rest[overlap:]
+    prompt = before[len(past):] if before.startswith(past) else ""
+    at = after.rfind(prompt) if prompt.strip() else -1
+    if at >= 0:
+        return after[at + len(prompt):]
+    if with_content is None or not isinstance(message.get("content"), str) or not message["content"]:
+        return None
+    try:
+        other = with_content(SENTINEL)
+    except Rejected:
+        return None
+    start = _common_prefix(after, other)
+    return after[start:] if SENTINEL in other[start:] else None
 
 
 def render_conversation(template: ChatTemplate, conversation: Conversation, train_on: str,
@@ -270,32 +344,50 @@ def render_conversation(template: ChatTemplate, conversation: Conversation, trai
             "the tokenizer has no chat template; pass a tokenizer that has one, or set "
             "tokenizer.chat_template in its tokenizer_config.json"
         )
-    messages = conversation.messages
+    messages, trained = conversation.messages, conversation.trained
     assistant_turns = [k for k, message in enumerate(messages) if message["role"] == "assistant"]
     if not assistant_turns:
         raise Rejected("no assistant turn to train on", "no_assistant_turn")
     messages = messages[: assistant_turns[-1] + 1]
-    if train_on == "all":
-        return Rendered(template.render(messages, conversation.tools), [], train_all=True)
-    full, prefix = template.render_with_prefixes(messages, conversation.tools)
+    if train_on == "all":  # every message as the model writes it when trained
+        return Rendered(template.render([trained.get(k, m) for k, m in enumerate(messages)], conversation.tools), [],
+                        train_all=True)
+    try:
+        full, prefix = template.render_with_prefixes(messages, conversation.tools)
+    except Rejected:  # the template refuses the whole conversation: each turn it renders is trained on its own
+        if turn_context != "exact":
+            raise
+        full, prefix = None, _own_prefixes(template, messages, conversation.tools)
     if train_on == "last":
         assistant_turns = assistant_turns[-1:]
+
+    def rendered_with(k: int) -> str:
+        """``render(messages[:k+1])`` with message k in its trained form."""
+        if k not in trained:
+            return full if k == len(messages) - 1 and full is not None else prefix(k + 1, False)
+        template.prefix_renders += 1
+        return template.render(messages[:k] + [trained[k]], conversation.tools)
+
     pairs: dict[int, tuple[str, str]] = {}  # k -> (context, rendering of messages[:k+1])
     not_located, refused = 0, None  # refused: why the template refused a prefix the definition needs
     for k in assistant_turns:
         try:
-            pairs[k] = prefix(k, True), full if k == len(messages) - 1 else prefix(k + 1, False)
+            pairs[k] = prefix(k, True), rendered_with(k)
         except Rejected as exc:  # the definition cannot be evaluated for this turn: not located
             not_located, refused = not_located + 1, refused or (k, getattr(exc, "template_error", exc))
-    if all(after.startswith(before) and full.startswith(after) for before, after in pairs.values()):
+    if full is not None and all(after.startswith(before) and full.startswith(after) for before, after in pairs.values()):
         # every turn held as at inference (most templates): the full rendering is the one sequence
         spans = [(len(before), len(after)) for before, after in pairs.values() if len(after) > len(before)]
         sequences, untrained, out_of_context, rewritten = [(full, spans)], 0, 0, 0
+        targets = {k: after[len(before):] for k, (before, after) in pairs.items()}
     else:
         turns = {k: turn for k, (before, after) in pairs.items()
-                 if (turn := inference_turn(before, after, messages[k], template.shape)) is not None}
+                 if (turn := inference_turn(before, after, trained.get(k, messages[k]), template.shape,
+                                            lambda k=k: prefix(k, False), lambda text, k=k: template.render(
+                                                messages[:k] + [{**trained.get(k, messages[k]), "content": text}],
+                                                conversation.tools), conversation.reasoning.get(k))) is not None}
         not_located += len(pairs) - len(turns)
-        sequences, untrained, out_of_context, rewritten = _sequences(full, turns, turn_context)
+        sequences, untrained, out_of_context, rewritten, targets = _sequences(full or "", turns, turn_context)
     if not any(spans for _, spans in sequences):
         if refused:
             k, error = refused
@@ -310,7 +402,36 @@ def render_conversation(template: ChatTemplate, conversation: Conversation, trai
         raise Rejected("assistant turns render to no tokens", "no_supervised_tokens")
     (text, spans), earlier = sequences[0], [Rendered(t, s) for t, s in reversed(sequences[1:])]
     return Rendered(text, spans, not_located + untrained, earlier=earlier, turns_out_of_context=out_of_context,
-                    turns_rewritten=rewritten)
+                    turns_rewritten=rewritten, changes=_reasoning_fates(messages, conversation, targets))
+
+
+def _own_prefixes(template: ChatTemplate, messages: list[dict], tools: list | None) -> Callable[[int, bool], str]:
+    """``prefix(n, g)``: ``render(messages[:n], add_generation_prompt=g)``, each rendered on its own."""
+    def prefix(n: int, generation: bool) -> str:
+        template.prefix_renders += 1
+        return template.render(messages[:n], tools, generation)
+
+    return prefix
+
+
+def _reasoning_fates(messages: list[dict], conversation: Conversation, targets: dict[int, str]) -> dict[str, int]:
+    """What became of each assistant turn's reasoning, judged on the text it is trained on
+    (``targets``: turn -> trained text): trained as the template writes it, inlined by
+    ``--reasoning inline`` (in the turn's trained form only), or in no trained token (dropped)."""
+    fates: dict[str, int] = {}
+    for k, message in enumerate(messages):
+        reasoning = conversation.reasoning.get(k)
+        if reasoning is None:
+            continue
+        needle = reasoning.strip()
+        if needle not in targets.get(k, ""):
+            fate = "reasoning_dropped"
+        elif k in conversation.trained and (conversation.trained[k].get("content") or "").strip() in targets[k]:
+            fate = "reasoning_inlined"
+        else:
+            fate = "reasoning_trained"
+        fates[fate] = fates.get(fate, 0) + 1
+    return fates
 
 
 def _begins(text: str, turn: Turn) -> bool:
@@ -326,15 +447,16 @@ def _span(text: str, turn: Turn) -> tuple[int, int]:
 
 def _sequences(full: str, turns: dict[int, Turn], policy: str):
     """([(text, spans)], turns untrained, turns trained out of context, turns the full rendering
-    does not hold as at inference): the last sequence first."""
+    does not hold as at inference, {turn: the text it is trained on}): the last sequence first."""
     held = {k for k, turn in turns.items() if _begins(full, turn)}
     rewritten = len(turns) - len(held)
     if policy != "exact":
-        spans = [_span(full, turns[k]) for k in sorted(held)]
-        found = [] if policy == "intact" else [s for k in sorted(set(turns) - held)
-                                                if (s := _as_rendered(full, turns[k])) is not None]
-        spans = sorted(s for s in spans + found if s[1] > s[0])
-        return [(full, spans)], rewritten - len(found), len(found), rewritten
+        spans = {k: _span(full, turns[k]) for k in sorted(held)}
+        found = {} if policy == "intact" else {k: s for k in sorted(set(turns) - held)
+                                               if (s := _as_rendered(full, turns[k])) is not None}
+        targets = {k: full[a:b] for k, (a, b) in {**spans, **found}.items()}
+        spans = sorted(s for s in [*spans.values(), *found.values()] if s[1] > s[0])
+        return [(full, spans)], rewritten - len(found), len(found), rewritten, targets
     left, sequences = sorted(turns), []
     while left:
         last = turns[left[-1]]
@@ -345,7 +467,7 @@ def _sequences(full: str, turns: dict[int, Turn], policy: str):
         if spans:  # turns that render to no text train nothing: no sequence for them alone
             sequences.append((text, spans))
         left = [k for k in left if k not in covered]
-    return sequences or [(full, [])], 0, 0, rewritten
+    return sequences or [(full, [])], 0, 0, rewritten, {k: turn.target for k, turn in turns.items()}
 
 
 def _as_rendered(full: str, turn: Turn) -> tuple[int, int] | None:

@@ -4,8 +4,9 @@ A random sample of N packed sequences is rebuilt from the input records the mani
 nothing the writer's fast paths use: the tokenizer loaded by transformers itself (no tiktoken, no
 folder loader), the chat template rendered by transformers' own renderer (what
 ``apply_chat_template`` calls), every prefix on its own (the label definition in render.py, under
-the manifest's ``turn_context``; no one-pass accelerator), and tokens mapped to labels from their
-character offsets. Each sampled sequence's ``input_ids`` must be a slice of one of its record's
+the manifest's ``turn_context``; no one-pass accelerator), and every trained turn's context
+tokenized on its own by that tokenizer, its target after it (turn_ids.py), never a whole
+sequence's tokenization cut at character offsets. Each sampled sequence's ``input_ids`` must be a slice of one of its record's
 re-made sequences (the whole of it, its first ``max_len`` tokens, or a piece of it) and its
 labels the same slice of the re-made labels, with ``-100`` at the sequence's first token.
 """
@@ -27,6 +28,7 @@ from .encode import chosen_record
 from .render import ChatTemplate, Rendered
 from .template_inputs import DEFAULT_DATE, prepare_template
 from .tokenization import load_tokenizer
+from .turn_ids import exact_sequences
 
 
 @dataclass
@@ -54,7 +56,8 @@ def retokenize_check(folder: Path, manifest: dict, n: int, seed: int = 0) -> tup
     template = ChatTemplate(tokenizer, transformers=True, variables=variables)
     fields = FieldNames(config.get("messages_field"), config.get("text_field", "text"))
     policies = (config.get("leading_assistant", "drop"), config.get("consecutive", "merge"))
-    policy = fit_to_template(template.render, *policies, config.get("system", "auto"), config.get("reasoning", "inline")) \
+    policy = fit_to_template(template.render, *policies, config.get("system", "auto"), config.get("reasoning", "inline"),
+                             config.get("tool_calls", "text")) \
         if template.source else Policy(*policies)  # fitted as pack fits it, here through transformers' renderer
     # text spelling a control token: found as pack finds it, tokenized here by transformers (split_special_tokens)
     control = ControlText(tokenizer) if config.get("content_special_tokens", "special") == "text" else None
@@ -167,7 +170,23 @@ def _remake(found, fields, policy, forced, template, tokenizer, train_on, turn_c
         rendered = render_record(template, conversation, train_on, turn_context, control)
     except Rejected as exc:
         return f"the record is rejected when rendered again ({exc})"
-    return [_labelled(r, tokenizer) for r in (*rendered.earlier, rendered)]
+    return [seq for r in (*rendered.earlier, rendered) for seq in _sequences(r, tokenizer, turn_context)]
+
+
+def _sequences(rendered: Rendered, tokenizer, turn_context: str) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The rendered sequence's (ids, labels), every trained turn on its context tokenized alone
+    (turn_ids.py, here on the tokenizer itself), unless the policy trains the one rendering as it
+    is tokenized (``rendered``, ``train_on all``)."""
+    if rendered.train_all or not rendered.spans or turn_context == "rendered":
+        return [_labelled(rendered, tokenizer)]
+
+    def encode(ranges):
+        return [_labelled(Rendered(rendered.text[a:b], [], markup=None if rendered.markup is None else
+                                   [(x - a, y - a) for x, y in rendered.markup if a <= x and y <= b]), tokenizer)[0]
+                for a, b in ranges]
+
+    sequences, _, _ = exact_sequences(len(rendered.text), rendered.spans, encode, turn_context)
+    return [(ids.astype(np.int64), labels.astype(np.int64)) for ids, labels in sequences]
 
 
 def _labelled(rendered: Rendered, tokenizer) -> tuple[np.ndarray, np.ndarray]:

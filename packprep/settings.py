@@ -19,7 +19,7 @@ from .control_text import MODES as CONTENT_SPECIAL
 from .cost import CostModel, model_cost, read_model_shape
 from .engines import ENGINES
 from .errors import ConfigError
-from .normalize import CONSECUTIVE, FORMATS, LEADING, SYSTEM
+from .normalize import CONSECUTIVE, FORMATS, LEADING, SYSTEM, TOOL_CALLS
 from .packing import STRATEGIES, STRATEGY_TABLE, ROW_ORDERS, Strategy
 from .plan import OVERLONG
 from .render import TURN_CONTEXTS
@@ -138,6 +138,7 @@ class PackConfig:
     preference: str = "refuse"  # preference data (chosen/rejected): refuse | chosen (train on the chosen reply)
     content_special_tokens: str = "text"  # text in records that spells a control token: text | special (control_text.py)
     reasoning: str = "inline"  # reasoning for a template that reads none: inline | drop | reject (normalize.py)
+    tool_calls: str = "text"  # tool calls for a template that renders none: text | reject (normalize.py)
     date: str = DEFAULT_DATE  # the date templates that read the clock get (template_inputs.py)
     template_args: dict = field(default_factory=dict)  # variables passed to every rendering (--template-arg)
     chat_template: str | None = None  # which of the tokenizer's named templates; None: "default"
@@ -177,6 +178,7 @@ class PackConfig:
             "content_special_tokens": CONTENT_SPECIAL,
             "preference": PREFERENCE,
             "reasoning": REASONING,
+            "tool_calls": TOOL_CALLS,
         }
         for name, allowed in choices.items():
             check_choice(f"--{name.replace('_', '-')}", getattr(self, name), allowed)

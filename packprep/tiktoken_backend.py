@@ -229,10 +229,12 @@ class TiktokenBackend:
         return not self._nfc or unicodedata.is_normalized("NFC", text)
 
     def encode_batch(self, texts: list[str], add_special_tokens: bool = False,
-                     positions: list[list[int]] | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+                     positions: list[list[int]] | None = None, clean: list | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
         """For each text: ids (int32), and the index of the first token that starts at or after each
         of its character ``positions``. The texts go to tiktoken in one call a thread (see
-        ``_encode_joined``); ``num_threads`` > 1 splits them between threads."""
+        ``_encode_joined``); ``num_threads`` > 1 splits them between threads. ``clean``, a list,
+        gets for each text whether a token starts exactly at each of its positions (none straddles
+        one: the text before it tokenizes alone as it does here, tokenization.py)."""
         positions = positions or [[] for _ in texts]
         if self._spm is not None:
             texts, positions = zip(*map(self._spm.transform, texts, positions)) if texts else ((), ())
@@ -246,7 +248,9 @@ class TiktokenBackend:
         else:
             done = [self._encode_joined(*job) for job in jobs]
         out = []
-        for ids, cuts in (item for chunk in done for item in chunk):
+        for ids, cuts, exact in (item for chunk in done for item in chunk):
+            if clean is not None:
+                clean.append(exact)
             if add_special_tokens and len(self._prefix):
                 ids, cuts = np.concatenate([self._prefix, ids]), cuts + len(self._prefix) * (cuts > 0)
             if add_special_tokens and len(self._suffix):
@@ -285,9 +289,12 @@ class TiktokenBackend:
         counts = np.fromiter(map(len, positions), np.int64, len(positions))
         wanted = np.fromiter((b for text, chars in zip(texts, positions) for b in _byte_positions(text, chars)),
                              np.int64, int(counts.sum()))
-        cuts = np.searchsorted(starts, wanted + np.repeat(bases, counts)) - np.repeat(firsts, counts)
+        wanted = wanted + np.repeat(bases, counts)
+        at = np.searchsorted(starts, wanted)
+        exact = (at >= len(starts)) | (starts[np.minimum(at, len(starts) - 1)] == wanted) if len(starts) else at >= 0
+        cuts = at - np.repeat(firsts, counts)
         offsets = np.concatenate([[0], np.cumsum(counts)]).tolist()
-        return [(ids[a:b], cuts[c:d]) for a, b, c, d in zip(firsts, stops, offsets, offsets[1:])]
+        return [(ids[a:b], cuts[c:d], bool(exact[c:d].all())) for a, b, c, d in zip(firsts, stops, offsets, offsets[1:])]
 
 
 def _byte_positions(text: str, char_positions: list[int]) -> list[int]:

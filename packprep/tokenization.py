@@ -22,6 +22,7 @@ from .layout import IGNORE_INDEX
 from .timelimit import RenderTimeout, time_limit
 from .normalize import Conversation, Rejected
 from .render import Rendered, template_source
+from .turn_ids import exact_sequences
 from .render_onepass import choose_template
 
 TRAIN_ON = ("assistant", "last", "all")
@@ -40,6 +41,7 @@ class Encoded:
     earlier: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)  # (input_ids, labels) each
     turns_out_of_context: int = 0
     turns_rewritten: int = 0
+    changes: dict[str, int] = field(default_factory=dict)  # render.Rendered.changes
 
     @property
     def sequences(self) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -220,7 +222,11 @@ class ChatEncoder:
         flat = [piece for r in rendered for piece in (*r.earlier, r)]
         labelled = iter(self._tokenize(flat))
         for position, r in zip(where, rendered):
-            pieces = [next(labelled) for _ in range(len(r.earlier) + 1)]
+            pieces, untrained, moved = [], 0, 0
+            for _ in range(len(r.earlier) + 1):  # a piece may become several (turn_ids.py)
+                more, lost, split = next(labelled)
+                pieces += more
+                untrained, moved = untrained + lost, moved + split
             # a sequence that trains nothing once packed (its first label is -100) is left out, its turns counted
             kept = [e for e in pieces if isinstance(e, Encoded)]
             if not kept:
@@ -228,37 +234,55 @@ class ChatEncoder:
                 continue
             item = kept[-1]
             item.earlier = [(e.input_ids, e.labels) for e in kept[:-1]]
-            item.turns_not_located = r.turns_not_located + len(pieces) - len(kept)
-            item.turns_out_of_context, item.turns_rewritten = r.turns_out_of_context, r.turns_rewritten
+            item.turns_not_located = r.turns_not_located + len(pieces) - len(kept) + untrained
+            item.turns_out_of_context, item.turns_rewritten, item.changes = \
+                r.turns_out_of_context, r.turns_rewritten + moved + untrained, r.changes
             results[position] = item
         return results
 
-    def _tokenize(self, rendered: list[Rendered]) -> list[Encoded | Rejected]:
-        out: list[Encoded | Rejected] = []
-        for r, (ids, cuts) in zip(rendered, self._ids_and_cuts(rendered)):
+    def _tokenize(self, rendered: list[Rendered]) -> list[tuple[list[Encoded | Rejected], int, int]]:
+        """Each text's sequences (one, unless a token straddles a trained span's boundary:
+        turn_ids.py), with the turns that left untrained and those moved to sequences of their own."""
+        out = []
+        for r, (ids, cuts, clean) in zip(rendered, self._ids_and_cuts(rendered)):
+            if not (clean or r.train_all or self.turn_context == "rendered"):
+                sequences, untrained, moved = exact_sequences(len(r.text), r.spans, self._piece_encoder(r),
+                                                              self.turn_context)
+                out.append(([self._checked(r, i, l) for i, l in reversed(sequences)], untrained, moved))
+                continue
             if r.train_all:
                 if r.add_special_tokens and self.eos_token_id is not None and (
                     len(ids) == 0 or ids[-1] != self.eos_token_id
                 ):
                     ids = np.append(ids, np.int32(self.eos_token_id))
                 labels = ids.copy()
-                trained = len(ids) > 1
             else:
                 labels = np.full(len(ids), IGNORE_INDEX, dtype=np.int32)
-                trained = False  # whether a label after the first is not -100 (ids are never -100)
                 for first, last in zip(cuts[::2], cuts[1::2]):
                     labels[first:last] = ids[first:last]
-                    trained = trained or last > max(first, 1)
-            if len(ids) == 0:
-                out.append(Rejected("renders to no tokens", "empty"))
-            elif not trained:
-                out.append(Rejected("no supervised token (every label is -100)", "no_supervised_tokens"))
-            else:
-                out.append(Encoded(ids, labels, control_text=r.markup is not None))
+            out.append(([self._checked(r, ids, labels)], 0, 0))
         return out
 
-    def _ids_and_cuts(self, rendered: list[Rendered]) -> list[tuple[np.ndarray, list[int]]]:
-        """Token ids of each text, and the first token at or after each span boundary (start, stop, ...)."""
+    @staticmethod
+    def _checked(r: Rendered, ids: np.ndarray, labels: np.ndarray) -> Encoded | Rejected:
+        if len(ids) == 0:
+            return Rejected("renders to no tokens", "empty")
+        if not (labels[1:] != IGNORE_INDEX).any():  # a sequence's first label is never trained once packed
+            return Rejected("no supervised token (every label is -100)", "no_supervised_tokens")
+        return Encoded(ids, labels, control_text=r.markup is not None)
+
+    def _piece_encoder(self, r: Rendered):
+        """``encode(ranges)`` for turn_ids.py: ids of ``r.text[a:b]`` on its own, for each (a, b)."""
+        def encode(ranges: list[tuple[int, int]]) -> list[np.ndarray]:
+            pieces = [Rendered(r.text[a:b], [], markup=None if r.markup is None else
+                               [(x - a, y - a) for x, y in r.markup if a <= x and y <= b]) for a, b in ranges]
+            return [ids for ids, _, _ in self._ids_and_cuts(pieces)]
+
+        return encode
+
+    def _ids_and_cuts(self, rendered: list[Rendered]) -> list[tuple[np.ndarray, list[int], bool]]:
+        """Token ids of each text, the first token at or after each span boundary (start, stop, ...),
+        and whether no token straddles a boundary (turn_ids.py)."""
         results = self._encode(rendered, self._fast)
         if self._fast is not None and self._guard_chars > 0:
             n = 0
@@ -280,7 +304,7 @@ class ChatEncoder:
             return None
         return _first_difference(rendered, self._encode(rendered, None), self._encode(rendered, fast))
 
-    def _encode(self, rendered: list[Rendered], fast) -> list[tuple[np.ndarray, list[int]]]:
+    def _encode(self, rendered: list[Rendered], fast) -> list[tuple[np.ndarray, list[int], bool]]:
         results: list[Any] = [None] * len(rendered)
         groups: dict[tuple[bool, bool], list[int]] = {}  # (add special tokens, on the fast path) -> texts
         for i, r in enumerate(rendered):
@@ -292,23 +316,26 @@ class ChatEncoder:
             texts = [rendered[i].text for i in group]
             if use_fast:
                 bounds = [[c for span in rendered[i].spans for c in span] for i in group]
-                for i, (ids, cuts) in zip(group, fast.encode_batch(texts, special, bounds)):
-                    results[i] = (ids, cuts.tolist())
+                clean: list[bool] = []
+                for i, (ids, cuts), exact in zip(group, fast.encode_batch(texts, special, bounds, clean), clean):
+                    results[i] = (ids, cuts.tolist(), exact)
             else:
                 for i, encoding in zip(group, self._backend.encode_batch(texts, add_special_tokens=special)):
                     ids, n = np.asarray(encoding.ids, dtype=np.int32), len(rendered[i].text)
                     bounds = [c for span in rendered[i].spans for c in span]
-                    results[i] = (ids, [_first_token_at_or_after(encoding, c, len(ids), n) for c in bounds])
+                    results[i] = (ids, [_first_token_at_or_after(encoding, c, len(ids), n) for c in bounds],
+                                  not bounds or _clean(encoding.offsets, bounds))
         return results
 
-    def _encode_markup(self, r: Rendered) -> tuple[np.ndarray, list[int]]:
-        """Ids and cuts of a text whose content spells control tokens (control_text.py)."""
+    def _encode_markup(self, r: Rendered) -> tuple[np.ndarray, list[int], bool]:
+        """Ids, cuts and cleanness of a text whose content spells control tokens (control_text.py)."""
         if self._post is None:
             from .tiktoken_convert import added_by_post_processor
 
             self._post = added_by_post_processor(self._backend)
         ids, offsets = encode_with_markup(self._backend, r, self._control.tokens, self._post)
-        return ids, first_tokens(offsets, [c for span in r.spans for c in span], len(r.text))
+        bounds = [c for span in r.spans for c in span]
+        return ids, first_tokens(offsets, bounds, len(r.text)), not bounds or _clean(offsets, bounds)
 
 
 def _first_difference(rendered: list[Rendered], expected: list, got: list) -> str | None:
@@ -317,6 +344,15 @@ def _first_difference(rendered: list[Rendered], expected: list, got: list) -> st
         if not (np.array_equal(want[0], have[0]) and list(want[1]) == list(have[1])):
             return f"it tokenizes this text differently from HF: {r.text[:60]!r}"
     return None
+
+
+def _clean(offsets, chars: list[int]) -> bool:
+    """Whether no token (``offsets``: character (start, end) of each) straddles any of ``chars``."""
+    if not len(offsets):
+        return True
+    spans = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+    at = np.asarray(chars, dtype=np.int64)[:, None]
+    return not ((spans[:, 0] < at) & (at < spans[:, 1])).any()
 
 
 def _first_token_at_or_after(encoding, char: int, n_tokens: int, text_length: int) -> int:

@@ -45,7 +45,25 @@ def loadable(path: str | os.PathLike) -> bool:
         config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return config.get("tokenizer_class") in SAME_AS_TOKENIZER_JSON
+    return config.get("tokenizer_class") in SAME_AS_TOKENIZER_JSON and _specials_added(folder, config)
+
+
+def _specials_added(folder: Path, config: dict) -> bool:
+    """Whether every special token the config names is an added token of tokenizer.json: transformers
+    adds one that is not (a ``<s>`` that is only a piece of the vocabulary), and then splits it out of
+    a text where tokenizer.json alone would not."""
+    named = {_content(config.get(name)) for name in SPECIAL_TOKENS}
+    named |= {_content(t) for t in config.get("additional_special_tokens") or []}
+    named.discard(None)
+    if not named:
+        return True
+    data = (folder / "tokenizer.json").read_text(encoding="utf-8")
+    at = data.find("[", data.find('"added_tokens"'))  # that array only, not the vocabulary around it
+    try:
+        added = json.JSONDecoder().raw_decode(data, at)[0] if at > 0 else []
+    except ValueError:
+        return False
+    return named <= {t.get("content") for t in added if isinstance(t, dict)}
 
 
 class FolderTokenizer:

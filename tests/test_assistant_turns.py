@@ -38,11 +38,11 @@ USER = {"role": "user", "content": "What is 2+2?"}
 ])
 def test_every_shape_of_reasoning_becomes_one_field(assistant):
     conversation = normalize(chat(USER, assistant), "openai")
-    assert conversation.messages[1] == {"role": "assistant", "content": "4", "reasoning_content": "Add them."}
+    assert conversation.messages[1] == {"role": "assistant", "content": "4", **fields("Add them.")}
     sharegpt = {"from": "gpt", **{k: v for k, v in assistant.items() if k not in ("role", "content")},
                 "value": assistant["content"] if isinstance(assistant["content"], str) else "<think>Add them.</think>4"}
     turns = normalize({"conversations": [{"from": "human", "value": "q"}, sharegpt]}, "sharegpt").messages
-    assert turns[1] == {"role": "assistant", "content": "4", "reasoning_content": "Add them."}
+    assert turns[1] == {"role": "assistant", "content": "4", **fields("Add them.")}
 
 
 @pytest.mark.parametrize("content", ["4", "<think></think>4", "<think>\n\n</think>\n\n4", "I <think> so</think>", "<think>open"])
@@ -61,23 +61,31 @@ def record_with_reasoning() -> dict:
                 {"role": "user", "content": "And 3+3?"}, {"role": "assistant", "content": "<think>Add again.</think>6"})
 
 
-@pytest.mark.parametrize("field_name, policy, expected, counted", [
-    ("reasoning_content", "inline", [{"content": "4", "reasoning_content": "Add."},
-                                     {"content": "6", "reasoning_content": "Add again."}], {}),
-    ("thinking", "inline", [{"content": "4", "thinking": "Add."}, {"content": "6", "thinking": "Add again."}], {}),
-    (None, "inline", [{"content": "<think>\nAdd.\n</think>\n\n4"}, {"content": "<think>\nAdd again.\n</think>\n\n6"}],
-     {"reasoning_inlined": 2}),
-    (None, "drop", [{"content": "4"}, {"content": "6"}], {"reasoning_dropped": 2}),
+def fields(reasoning: str) -> dict:
+    return {"reasoning_content": reasoning, "thinking": reasoning, "reasoning": reasoning}
+
+
+@pytest.mark.parametrize("fields_read, policy, expected, trained, counted", [
+    # under every name, as transformers passes it: the template reads its own
+    (("reasoning_content",), "inline", [{"content": "4", **fields("Add.")}, {"content": "6", **fields("Add again.")}], {}, {}),
+    (("thinking",), "inline", [{"content": "4", **fields("Add.")}, {"content": "6", **fields("Add again.")}], {}, {}),
+    # no field read: the history as given (an inline block stays where the record wrote it); reasoning given
+    # apart is written inline into the turn's trained form only, never into the context of later turns
+    ((), "inline", [{"content": "4", **fields("Add.")}, {"content": "<think>Add again.</think>6"}],
+     {1: "<think>\nAdd.\n</think>\n\n4"}, {}),
+    ((), "drop", [{"content": "4"}, {"content": "6"}], {}, {"reasoning_dropped": 2}),
 ])
-def test_reasoning_goes_where_the_template_reads_it_or_is_counted(field_name, policy, expected, counted):
-    conversation = normalize(record_with_reasoning(), "openai", policy=Policy(reasoning=policy, reasoning_field=field_name))
+def test_reasoning_goes_where_the_template_reads_it_or_is_counted(fields_read, policy, expected, trained, counted):
+    conversation = normalize(record_with_reasoning(), "openai",
+                             policy=Policy(reasoning=policy, reasoning_fields=fields_read))
     assert [{k: v for k, v in m.items() if k != "role"} for m in conversation.messages[1::2]] == expected
+    assert {k: m["content"] for k, m in conversation.trained.items()} == trained
     assert conversation.changes == counted
 
 
 def test_reasoning_reject_names_the_message_and_the_options():
     with pytest.raises(Rejected, match="assistant message 1 has reasoning.*--reasoning inline") as caught:
-        normalize(record_with_reasoning(), "openai", policy=Policy(reasoning="reject", reasoning_field=None))
+        normalize(record_with_reasoning(), "openai", policy=Policy(reasoning="reject", reasoning_fields=()))
     assert caught.value.code == "reasoning_not_rendered"
 
 
@@ -85,7 +93,7 @@ def test_merged_turns_keep_both_reasonings():
     record = chat(USER, {"role": "assistant", "content": "a", "reasoning_content": "r1"},
                   {"role": "assistant", "content": "b", "reasoning_content": "r2"})
     merged = normalize(record, "openai").messages[1]
-    assert merged == {"role": "assistant", "content": "a\n\nb", "reasoning_content": "r1\n\nr2"}
+    assert merged == {"role": "assistant", "content": "a\n\nb", **fields("r1\n\nr2")}
 
 
 CALLS = [{"id": "CallOne01", "type": "function", "function": {"name": "weather", "arguments": "{\"city\": \"Paris\"}"}},
@@ -121,15 +129,16 @@ def test_record_kwargs_are_kept_and_counted():
 # the real templates
 # ---------------------------------------------------------------------------------------------
 
-# (system, tool_calls, tool_results, call_content, call_arguments, reasoning_field) found by probing
+# (system, tool_calls, tool_results, call_content, call_arguments, reasoning fields, own roles) found by probing
+OWN = ("developer", "ipython", "function")
 DECIDED = {
-    "qwen3": ("keep", "native", "tool", "empty", "object", "reasoning_content"),
-    "qwq": ("keep", "native", "tool", "empty", "object", None),
-    "deepseek-r1-distill-qwen": ("keep", "native", "tool", "none", "string", None),
-    "phi-3.5-mini": ("keep", "text", "user", "empty", "object", None),
-    "mistral-v3": ("keep", "native", "tool", "empty", "object", None),
-    "llama-3.1": ("keep", "native", "tool", "empty", "object", None),
-    "llama-3.2": ("keep", "native", "tool", "empty", "object", None),
+    "qwen3": ("keep", "native", "tool", "empty", "object", ("reasoning_content",), OWN),
+    "qwq": ("keep", "native", "tool", "empty", "object", (), OWN),
+    "deepseek-r1-distill-qwen": ("keep", "native", "tool", "none", "string", (), OWN),
+    "phi-3.5-mini": ("keep", "text", "user", "empty", "object", (), OWN),
+    "mistral-v3": ("keep", "native", "tool", "null", "object", (), ()),
+    "llama-3.1": ("keep", "native", "tool", "null", "object", (), OWN),  # every template but Mistral's takes them
+    "llama-3.2": ("keep", "native", "tool", "null", "object", (), OWN),
 }
 
 RECORDS = [
@@ -167,7 +176,7 @@ def test_each_template_gets_what_it_reads_and_renders_as_transformers_does(name,
     template = ChatTemplate(ours)
     policy = fit_to_template(template.render)
     assert (policy.system, policy.tool_calls, policy.tool_results, policy.call_content, policy.call_arguments,
-            policy.reasoning_field) == DECIDED[name]
+            policy.reasoning_fields, policy.roles) == DECIDED[name]
     rendered = 0
     for record in RECORDS:
         conversation = normalize(record, "openai", policy=policy)
@@ -182,9 +191,8 @@ def test_each_template_gets_what_it_reads_and_renders_as_transformers_does(name,
         rendered += 1
         if policy.tool_calls == "native" and "tool_calls" in json.dumps(record):
             assert "weather" in text and "Paris" in text  # the call itself, not dropped
-        reasoning = conversation.changes.get("reasoning_inlined", 0)
-        if policy.reasoning_field is None and record is RECORDS[0]:
-            assert reasoning == 2  # no place for it: written inline, counted
+        if not policy.reasoning_fields and record is RECORDS[0]:  # no place for it: inline in the trained turn only
+            assert [m["content"] for m in conversation.trained.values()] == ["<think>\nAdd.\n</think>\n\n4"]
     assert rendered >= 2
 
 
@@ -207,7 +215,7 @@ def test_a_template_that_reads_thinking_gets_it_there(template_folder):
                          "{{ m.content }}{% endfor %}")  # reads reasoning as gpt-oss's template does
     template = ChatTemplate(tok)
     policy = fit_to_template(template.render)
-    assert policy.reasoning_field == "thinking"
+    assert policy.reasoning_fields == ("thinking",)
     conversation = normalize(record_with_reasoning(), "openai", policy=policy)
     assert template.render(conversation.messages, None) == (
         "<|user|>What is 2+2?<|assistant|>[Add.]4<|user|>And 3+3?<|assistant|>[Add again.]6")
@@ -215,9 +223,9 @@ def test_a_template_that_reads_thinking_gets_it_there(template_folder):
 
 
 @needs_fixtures
-@pytest.mark.parametrize("policy, line", slow_but({("drop", "2 assistant turns' reasoning dropped")},
-                                                  [("inline", "2 assistant turns' reasoning written inline"),
-                                                   ("drop", "2 assistant turns' reasoning dropped")]))
+@pytest.mark.parametrize("policy, line", slow_but({("drop", "2 assistant turns' reasoning in no trained token")},
+                                                  [("inline", "1 trained turns' reasoning written inline"),
+                                                   ("drop", "2 assistant turns' reasoning in no trained token")]))
 def test_stats_and_pack_count_every_turn_whose_reasoning_has_no_place(policy, line, template_folder, tmp_path):
     from click.testing import CliRunner
 
@@ -228,8 +236,11 @@ def test_stats_and_pack_count_every_turn_whose_reasoning_has_no_place(policy, li
     folder = template_folder("llama-3.2")
     stats = CliRunner().invoke(main, ["stats", str(chats), "-t", folder, "--reasoning", policy, "--json", "-q"])
     assert stats.exit_code == 0, stats.output
-    counted = {"inline": "reasoning_inlined", "drop": "reasoning_dropped"}[policy]
-    assert json.loads(stats.stdout)["normalized"][counted] == 2
+    # inline: the reasoning given apart is written into the trained turn, the <think> block the record wrote
+    # into its content is trained as the template renders it; each counted once, as the shards hold it
+    counted = {"inline": {"reasoning_inlined": 1, "reasoning_trained": 1}, "drop": {"reasoning_dropped": 2}}[policy]
+    normalized = json.loads(stats.stdout)["normalized"]
+    assert {k: v for k, v in normalized.items() if k.startswith("reasoning") and v} == counted
     pack = CliRunner().invoke(main, ["pack", str(chats), "-t", folder, "--reasoning", policy, "-o", str(tmp_path / "o"),
                                      "-q", "--num-proc", "1", "--max-len", "512"])
     assert pack.exit_code == 0, pack.output

@@ -19,6 +19,7 @@ from packprep.read import read_records, resolve_inputs
 from packprep.tokenization import ChatEncoder, Encoded, load_tokenizer
 
 from .conftest import CONVERSATIONS, fixture_tokenizer, needs_fixtures
+from .reference_labels import exact_sequences, renderer, token_sequences, turn_targets
 from .test_control_text import oracle_ids
 
 TOKENIZERS = ["llama3", "qwen2.5", "mistral-7b-v0.1", "llama2", "gpt2"]
@@ -74,7 +75,7 @@ def test_labels_equal_the_per_prefix_reference(tokenizer_name):
     tok = load_tokenizer(fixture_tokenizer(tokenizer_name), transformers=True)  # the reference
     encoder = ChatEncoder(load_tokenizer(fixture_tokenizer(tokenizer_name)))
     policy = fit_to_template(encoder.template.render)  # as pack fits records to this template
-    total = control_text = 0
+    total = control_text = split = 0
     for name in FILES:
         convs = conversations(name, policy)
         if tokenizer_name != "llama3":
@@ -86,6 +87,24 @@ def test_labels_equal_the_per_prefix_reference(tokenizer_name):
                 assert isinstance(encoded, Rejected), f"{name}: reference refuses, packprep packed it"
                 continue
             assert isinstance(encoded, Encoded), f"{name}: packprep rejected {encoded}"
+            if conversation.trained:  # a turn trained in another form than its history's (tool calls as text)
+                messages = conversation.messages[: max(k for k, m in enumerate(conversation.messages)
+                                                       if m["role"] == "assistant") + 1]
+                found, _, _ = turn_targets(renderer(tok), messages, conversation.tools, trained=conversation.trained)
+                expected = [seq for text, spans in exact_sequences(found) for seq in token_sequences(tok, text, spans)]
+                assert [(i.tolist(), l.tolist()) for i, l in encoded.sequences] == expected, f"{name}: labels differ"
+                total += 1
+                continue
+            if not encoded.control_text:  # the token-exact definition: each context tokenized on its own
+                full = texts[0]
+                spans = [(len(before), len(after)) for before, after in zip(texts[1::2], texts[2::2])
+                         if len(after) > len(before)]
+                assert all(full.startswith(t) for t in texts[1:]), "each prefix's rendering is a prefix of the whole"
+                expected = token_sequences(tok, full, spans)
+                assert [(i.tolist(), l.tolist()) for i, l in encoded.sequences] == expected, f"{name}: labels differ"
+                split += len(expected) > 1
+                total += 1
+                continue
             assert not encoded.earlier and not encoded.turns_rewritten, "one sequence, every turn as at inference"
             if encoded.control_text:  # content spelling a control token is text (test_control_text.py)
                 contents = [m["content"] for m in conversation.messages if isinstance(m.get("content"), str)]
@@ -102,7 +121,8 @@ def test_labels_equal_the_per_prefix_reference(tokenizer_name):
             assert encoded.labels.tolist() == labels, f"{name}: labels differ from the reference"
             total += 1
     assert total > 1000
-    print(f"{tokenizer_name}: {control_text} of {total} conversations spell a control token in their text")
+    print(f"{tokenizer_name}: {control_text} of {total} conversations spell a control token in their text; "
+          f"{split} need a sequence of their own for a turn whose context tokenizes differently alone")
 
 
 @needs_fixtures

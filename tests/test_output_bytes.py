@@ -4,7 +4,10 @@ conversations, gives the files whose sha256s were captured from the code at 777d
 rejects or the card fails here. Re-captured once since, at the merge of issues 23-28, where only the
 intended changes moved bytes: the manifest and card gained settings and counts, the DPO demo is
 packed with ``--preference chosen``, and the KTO demo's literal ``</s>`` is text for Mistral and
-Llama-2 (with ``--content-special-tokens special`` the shards equal 777d603's).
+Llama-2 (with ``--content-special-tokens special`` the shards equal 777d603's). Re-captured again
+for the token-exact definition: no shard changed; the manifest and card gained the ``tool_calls``
+setting and the ``roles_mapped`` and ``reasoning_trained`` counts, and the unknown-role rejection
+lists ``developer`` among the known roles.
 
 Paths of the inputs and the output are replaced by placeholders before hashing. To re-capture after
 an intended change of output: ``PYTHONPATH=. python tests/test_output_bytes.py --write``.

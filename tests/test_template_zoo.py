@@ -3,8 +3,9 @@
 Each case packs a template's records of one data shape with ``packprep.pack`` and checks every
 assistant turn against the token-exact reference built on transformers' renderer alone
 (tests/zoo_reference.py): trained in its inference context, no record rejected that the template
-renders, no reasoning trace in no trained token. The known failures are strict xfails naming their
-cause, so that the fix flips them.
+renders, no reasoning trace in no trained token. Each case once failed for a cause of its own (the
+developer role, reasoning inlined into the history, a context tokenized with its target, a prompt the
+finished turn does not write, a system prompt the template moves).
 """
 
 from __future__ import annotations
@@ -20,29 +21,15 @@ from .zoo_reference import as_messages, fit, probe, reference_turns, renderer
 
 pytestmark = [pytest.mark.slow, needs_fixtures]
 
-HISTORY_INLINE = "reasoning inlined into the history: later turns' contexts differ from the template's rendering"
-JOINT = "context tokenized with its target: the prompt's trailing '\\n' merges with the target's '\\n'"
-DEVELOPER = "the developer role is rejected (unknown_role) though the template renders it"
-MOVED = ("the template moves the system prompt to the last user turn: earlier turns get no sequence that starts "
-         "with their inference context")
-TOOL_PROBE = ("the tool-call probe renders without tools: a template that needs them is judged to render no calls, "
-              "so calls become bare JSON text")
-NOT_PREFIX = "a generation prompt the finished turn does not write is refused (template_not_prefix_stable)"
-
-
-def known(reason):
-    return pytest.mark.xfail(strict=True, reason=reason)
-
-
 CASES = [
     ("qwen3", "chat", ()), ("qwen3", "reasoning_content", ()), ("qwen3", "tools_str", ()),
-    ("qwen3", "developer", known(DEVELOPER)),
+    ("qwen3", "developer", ()),
     ("llama-3.1", "chat", ()), ("llama-3.1", "tools_dict", ()),
-    ("llama-3.1", "reasoning_content", known(HISTORY_INLINE)),
-    ("deepseek-r1-distill-qwen", "chat", known(JOINT)), ("deepseek-r1-distill-qwen", "think_inline", ()),
-    ("gemma-4", "chat", known(NOT_PREFIX)),
-    ("mistral-nemo", "chat", ()), ("mistral-nemo", "system", known(MOVED)),
-    ("hermes-3", "tools_dict", known(TOOL_PROBE)), ("gpt-oss", "thinking", ()),
+    ("llama-3.1", "reasoning_content", ()),
+    ("deepseek-r1-distill-qwen", "chat", ()), ("deepseek-r1-distill-qwen", "think_inline", ()),
+    ("gemma-4", "chat", ()),
+    ("mistral-nemo", "chat", ()), ("mistral-nemo", "system", ()),
+    ("hermes-3", "tools_dict", ()), ("gpt-oss", "thinking", ()),
 ]
 SHAPES_OF = {}
 for _template, _shape, _ in CASES:

@@ -19,7 +19,7 @@ from packprep.render import ChatTemplate, probe_shape
 from packprep.tokenization import ChatEncoder, Encoded, load_tokenizer
 
 from .conftest import EXAMPLE_TOKENIZER, fixture_tokenizer, needs_fixtures, slow_but
-from .reference_labels import SHAPES, exact_sequences, renderer, token_labels, turn_targets
+from .reference_labels import SHAPES, exact_sequences, renderer, token_sequences, turn_targets
 
 FAMILIES = ["qwen3", "qwq", "deepseek-r1-distill-qwen", "phi-3.5-mini", "mistral-v3", "llama-3.1", "llama-3.2"]
 FIXTURE_TOKENIZERS = ["llama3", "qwen2.5"]
@@ -84,8 +84,9 @@ def test_every_turn_is_trained_in_its_inference_context(name, data, template_fol
     except Rejected as exc:
         pytest.fail(f"{name} {data}: normalizing rejected the record: {exc}")
     messages = conversation.messages[: max(k for k, m in enumerate(conversation.messages) if m["role"] == "assistant") + 1]
-    found, missing, _ = turn_targets(renderer(tok), messages, conversation.tools, SHAPES.get(name, ("", "", "")))
-    expected = [token_labels(tok, text, spans) for text, spans in exact_sequences(found)]
+    found, missing, _ = turn_targets(renderer(tok), messages, conversation.tools, SHAPES.get(name, ("", "", "")),
+                                     trained=conversation.trained)
+    expected = [seq for text, spans in exact_sequences(found) for seq in token_sequences(tok, text, spans)]
     (encoded,) = encoder.encode([conversation])
     if not any(label != -100 for _, labels in expected for label in labels[1:]):
         assert isinstance(encoded, Rejected)
@@ -93,10 +94,10 @@ def test_every_turn_is_trained_in_its_inference_context(name, data, template_fol
     assert isinstance(encoded, Encoded), f"{name} {data}: rejected {encoded}"
     assert [(ids.tolist(), labels.tolist()) for ids, labels in encoded.sequences] == expected
     assert encoded.turns_not_located == missing
-    # DeepSeek-R1's template writes a later tool-calling message without its <｜Assistant｜> header
-    # (ns.is_first is never reset): that turn's rendering does not extend its context, so it has no value
-    # under the definition, and is left untrained and counted
-    assert missing == (name == "deepseek-r1-distill-qwen" and data == "tools"), "every other turn has a context"
+    # DeepSeek-R1's template writes a later tool-calling message without its <｜Assistant｜> header (ns.is_first
+    # is never reset): that turn's rendering does not extend its context, and it is trained as the template
+    # writes it after its generation prompt
+    assert missing == 0, "every turn has a context"
     trained = "".join(tok.decode([t for t, label in zip(ids, labels) if label != -100]) for ids, labels in expected)
     if name in ("qwen3", "qwq", "deepseek-r1-distill-qwen"):  # templates that render reasoning: all of it is trained
         given = [m["reasoning_content"] for m in messages if m.get("reasoning_content")]  # as normalize passes it on
@@ -144,7 +145,7 @@ def test_the_tail_rule_fires_only_for_a_constant_tail(name):
     (encoded,) = encoder.encode([_conv(messages)])
     theirs = load_tokenizer(str(EXAMPLE_TOKENIZER), transformers=True)
     found, _, _ = turn_targets(renderer(theirs, tok.chat_template), messages, None, (TAILS[name][1], "", ""))
-    expected = [token_labels(theirs, text, spans) for text, spans in exact_sequences(found)]
+    expected = [seq for text, spans in exact_sequences(found) for seq in token_sequences(theirs, text, spans)]
     assert [(i.tolist(), l.tolist()) for i, l in encoded.sequences] == expected
     assert len(encoded.sequences) == TAILS[name][2]
 
