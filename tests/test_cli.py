@@ -240,3 +240,13 @@ def test_a_reader_that_leaves_early_gets_no_traceback(packed):
                             env={**__import__("os").environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     assert "internal error" not in result.stderr and "Traceback" not in result.stderr, result.stderr
     assert result.returncode == 141  # stopped by the closed pipe, as `yes | head` is
+
+
+def test_every_flag_is_spelled_as_a_flag_for_library_callers():
+    """A library error that names a CLI flag reads ``name=True``, not ``name="next-word"``: the speller's
+    list of flags is the CLI's."""
+    from packprep.errors import FLAGS
+
+    flags = {opt.lstrip("-") for command in main.commands.values() for param in command.params
+             if getattr(param, "is_flag", False) for opt in param.opts}
+    assert flags - {"help", "version"} <= FLAGS

@@ -349,7 +349,7 @@ def test_consumers_of_ordinary_rows_refuse_tree_rows(packed, tmp_path, template_
         packprep.export(str(packed / "tree"), "trl", str(tmp_path / "trl"))
     with pytest.raises(ConfigError, match="cannot be repacked"):
         repack(str(packed / "tree"), str(tmp_path / "re"), max_len=2048)
-    with pytest.raises(ConfigError, match="--layout trl would hand them"):
+    with pytest.raises(ConfigError, match="layout=\"trl\" would hand them"):
         packprep.pack([str(packed / "records.jsonl")], str(tmp_path / "x"), tokenizer=template_folder("qwen3"),
                       shared_prefix=True, layout="trl")
     from click.testing import CliRunner
