@@ -248,5 +248,5 @@ def test_every_flag_is_spelled_as_a_flag_for_library_callers():
     from packprep.errors import FLAGS
 
     flags = {opt.lstrip("-") for command in main.commands.values() for param in command.params
-             if getattr(param, "is_flag", False) for opt in param.opts}
+             if getattr(param, "is_flag", False) for opt in param.opts if opt.startswith("--")}
     assert flags - {"help", "version"} <= FLAGS
