@@ -4,6 +4,8 @@ what was cut at the old length is refused, or taken as stored only when asked.""
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,25 @@ from packprep.pipeline import repack
 
 from .conftest import CONVERSATIONS, EXAMPLE_TOKENIZER, needs_fixtures
 
-TOKENIZER = str(EXAMPLE_TOKENIZER)
+
+
+def _example_tokenizer_writing_tool_calls() -> str:
+    """The example tokenizer with a template that writes tool calls. The example's own writes content only,
+    so each glaive tool call would be text in its trained turn alone and its record several sequences,
+    which repack refuses (their order within the record is not stored); here each record is one."""
+    folder = Path(tempfile.mkdtemp(prefix="packprep-repack-tokenizer-"))
+    shutil.copytree(EXAMPLE_TOKENIZER, folder, dirs_exist_ok=True)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = (
+        "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + (message['content'] or '') }}"
+        "{% for call in message.tool_calls or [] %}{{ '<tool_call>' + call.function.name + ' ' + (call.function.arguments"
+        " if call.function.arguments is string else call.function.arguments | tojson) + '</tool_call>' }}{% endfor %}"
+        "{{ '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return str(folder)
+
+
+TOKENIZER = _example_tokenizer_writing_tool_calls()
 INPUTS = [str(CONVERSATIONS / "llamafactory_glaive_toolcall_en_demo.json"),
           str(CONVERSATIONS / "fastchat_dummy_conversation.json")]
 BASE_LEN = 16384  # longer than every fixture conversation here: nothing is cut at it
@@ -155,6 +175,6 @@ def test_repack_refuses_split_sequences(tmp_path):
 
 def test_repack_refuses_what_it_cannot_change(tmp_path):
     out = tmp_path / "out"
-    packprep.pack(str(Path(TOKENIZER).parent / "chats.jsonl"), str(out), TOKENIZER, max_len=1024, num_proc=1)
+    packprep.pack(str(EXAMPLE_TOKENIZER.parent / "chats.jsonl"), str(out), TOKENIZER, max_len=1024, num_proc=1)
     with pytest.raises(ConfigError, match="cannot change train_on"):
         repack(out, tmp_path / "again", train_on="all")
