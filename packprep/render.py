@@ -54,6 +54,7 @@ from typing import Callable, NamedTuple
 
 from .errors import ConfigError
 from .normalize import Conversation, Rejected, template_refusal
+from .tokenizer_folder import RenderTooLong
 
 TURN_CONTEXTS = ("exact", "intact", "rendered")
 
@@ -373,6 +374,8 @@ def render_conversation(template: ChatTemplate, conversation: Conversation, trai
     for k in assistant_turns:
         try:
             pairs[k] = prefix(k, True), rendered_with(k)
+        except RenderTooLong:  # the record's own fault, not the template's refusal of this turn
+            raise
         except Rejected as exc:  # the definition cannot be evaluated for this turn: not located
             not_located, refused = not_located + 1, refused or (k, getattr(exc, "template_error", exc))
     if full is not None and all(after.startswith(before) and full.startswith(after) for before, after in pairs.values()):
