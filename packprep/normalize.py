@@ -477,6 +477,8 @@ def fit_to_template(render: Callable[[list, list | None, bool], str], leading_as
             if content == "null" and not shows([user, probes[None], {"role": "tool", "tool_call_id": "probe0001",
                                                                       "content": "r"}, {**reply, "content": _PROBE}], tools):
                 content = "empty"  # None only where the template also renders what follows the call
+            if content == "null" and _prints_none(render, [user, probes[None]], [user, probes[""]], tools):
+                content = "empty"  # a template that writes None as the text "None" would train the model to write it
             break
 
     if calls == "native":  # the call of the results' probe, without the probe text
@@ -508,6 +510,14 @@ def fit_to_template(render: Callable[[list, list | None, bool], str], leading_as
     return Policy(leading_assistant=leading_assistant, consecutive=consecutive, system=system, tool_calls=calls,
                   tool_results=results, reasoning=reasoning, call_content=content, call_arguments=arguments,
                   reasoning_fields=fields, roles=roles, unrendered_calls=tool_calls)
+
+
+def _prints_none(render, with_none: list, with_empty: list, tools) -> bool:
+    """Whether the template writes a tool-calling message's None content as the text "None"."""
+    try:
+        return "None" in render(with_none, tools, False) and "None" not in render(with_empty, tools, False)
+    except Rejected:
+        return False
 
 
 def template_refusal(messages: list[dict], error: Exception) -> str:

@@ -134,6 +134,15 @@ def test_tool_calls_reach_the_template_as_it_takes_them(template, call_text):
     assert call_text in trained_texts(encoded)[0]
 
 
+def test_a_call_without_text_is_not_trained_as_the_word_none():
+    """A template that writes ``{{ content }}`` beside the calls prints None as "None"; the call's empty
+    text reaches it as "" there, so the model is not trained to write "None" before its call."""
+    record = {"tools": TOOLS, "messages": [{"role": "user", "content": "q"}, CALL]}
+    encoded, expected, conversation = encode(CALLS_WITH_TOOLS, record)
+    assert sequences(encoded) == expected
+    assert trained_texts(encoded)[0].startswith("<call>find") and conversation.messages[1]["content"] == ""
+
+
 def test_tool_calls_a_template_renders_nowhere_are_text_in_the_trained_turn_or_rejected():
     record = {"messages": [{"role": "user", "content": "q"}, CALL, {"role": "tool", "tool_call_id": "c1", "content": "r"},
                            {"role": "assistant", "content": "done"}]}
