@@ -18,6 +18,8 @@ read, tool-call arguments in the form the template takes):
         ``reasoning + "\\n" + closing + "\\n\\n" + T1`` (the layout Qwen3, QwQ and R1 write; empty
         reasoning gives ``"\\n</think>\\n\\n"``, as Qwen3 renders it), with a ``"\\n"`` first where
         the prompt's opening has none;
+        where T1 starts with the closing tag itself, the template writes the reasoning block's end for the
+        turn (GLM-4.7's ``"</think>"`` for a turn without reasoning): target = T1;
      b. otherwise G1 is a prompt-only marker (Gemma 4's empty thought channel, DeepSeek V3.2's
         ``<think></think>``): the model writes what the template writes for the turn after it, T1,
         less the longest end of G1 that T1 starts with (the context already holds it);
@@ -33,6 +35,12 @@ read, tool-call arguments in the form the template takes):
   The target is tokenized as the model emits it after the context: the tail of
   ``tok(context_text + target)`` where its first ``len(context)`` ids are the context's, else
   ``tok(target)`` alone (the joint tokenization crosses the boundary).
+
+A template reads reasoning when a reasoning field shows in any of its probes: one answer, the second of
+two answers (Kimi-K2-Thinking writes none in the first), a tool-calling turn (Gemma 4 and Command R7B
+write it there only). Its turns then keep their reasoning in the fields and the target is what the
+template writes, with or without it. It renders tool calls when a call's argument value shows in a
+rendering (the argument's name alone may come from the tools list).
 
 A template that raises on M[:k] or M[:k+1] gives the turn the reason it raised (``template_refuses``).
 ``--reasoning inline`` for a template that reads no reasoning field: the trained turn's reasoning is
@@ -131,22 +139,30 @@ def probe(render) -> Probe:
             return render(messages, False, tools)
         except Exception:
             return ""
-    reads = mark in attempt([user, {"role": "assistant", "content": "ok", **dict.fromkeys(REASONING_FIELDS, mark)}])
     tool = [{"type": "function", "function": {"name": "fzq", "description": "d",
                                               "parameters": {"type": "object", "properties": {"kzq": {"type": "string"}}}}}]
 
-    def call(arguments, content):
-        return [user, {"role": "assistant", "content": content, "tool_calls": [
+    def call(arguments, content, **extra):
+        return [user, {"role": "assistant", "content": content, **extra, "tool_calls": [
             {"id": "abc123def", "type": "function", "function": {"name": "fzq", "arguments": arguments}}]}]
-    args, content = "none", ""
+    args, content, form_args = "none", "", None
     for form, arguments in (("dict", {"kzq": "vzq"}), ("string", '{"kzq": "vzq"}')):
         for empty in ("", None):  # "" where the template renders calls with it (None may print as "None")
             text = attempt(call(arguments, empty), tool)
-            if args == "none" and "kzq" in text and "{'kzq'" not in text:
-                args, content = form, empty
+            # the argument's value, not its name: the name is in the tools list too (LFM2, Granite 3.3 print
+            # the tools and drop the calls)
+            if args == "none" and "vzq" in text and "{'kzq'" not in text:
+                args, content, form_args = form, empty, arguments
     if args == "none":
         content = None
-    one = attempt([user, {"role": "assistant", "content": "Xa1"}])
+    reasoned = dict.fromkeys(REASONING_FIELDS, mark)
+    # a template may write reasoning only in some turns: after the first answer (Kimi-K2-Thinking), or in
+    # a tool-calling turn (Gemma 4, Command R7B); it reads a field when any of them writes it
+    answer = {"role": "assistant", "content": "ok", **reasoned}
+    tries = [([user, answer], None), ([user, answer, user, answer], None)]
+    if form_args is not None:
+        tries.append((call(form_args, content, **reasoned), tool))
+    reads = any(mark in attempt(messages, tools) for messages, tools in tries)
     two = attempt([user, {"role": "assistant", "content": "Xa1"}, user, {"role": "assistant", "content": "Xb2"}])
     tail = ""
     if "Xa1" in two and "Xb2" in two:
@@ -210,6 +226,8 @@ def _target_text(context, history, rendered, message):
     common = _common_prefix(g, t)
     g1, t1 = g[common:], t[common:]
     opening = next((o for o in OPENINGS if o in g1 and OPENINGS[o] not in g1[g1.index(o):]), None)
+    if opening and opening not in t1 and t1.lstrip("\n").startswith(OPENINGS[opening]):
+        return t1  # the template writes the closing itself (GLM-4.7's "</think>" for a turn without reasoning)
     if opening and opening not in t1:
         reasoning = (reasoning_of(message) or "").strip("\n")
         lead = "" if g1.endswith("\n") else "\n"
