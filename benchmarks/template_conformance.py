@@ -32,7 +32,7 @@ from tests.zoo_conformance import check_template  # noqa: E402
 from tests.zoo_shapes import SHAPE_NAMES  # noqa: E402
 
 KEYS = ("turns", "trained", "missed", "turns_policy", "turns_unrenderable", "rejected_renderable", "records",
-        "reasoning_traces", "reasoning_lost")
+        "reasoning_traces", "reasoning_lost", "reasoning_not_written")
 
 
 def run(templates, shapes, count, cache: Path, settings: dict, save=None) -> dict:
@@ -77,15 +77,19 @@ def markdown(results: dict, shapes, count, settings) -> str:
              f"{count} records a shape, settings {settings or 'default'})", "",
              "A turn is *trained* when a sequence of its record starts with exactly its inference context and "
              "trains exactly its target ids (tests/zoo_reference.py). *policy*: turns with tool calls where the "
-             "template renders none (left out). *unrenderable*: the template refuses the prefix.", "",
+             "template renders none (left out). *unrenderable*: the template refuses the prefix. *reasoning lost*: "
+             "traces in no trained token; *not written*: turns whose reasoning the template itself writes nowhere in the turn "
+             "(it does in other turns, or reads none and the policy drops it), the reason packprep counts as "
+             "`reasoning_dropped`.", "",
              "## By template", "",
              "| template | trained / turns | missed | rejected but renderable | policy | unrenderable | reasoning lost "
-             "/ traces | manifest inlined / dropped | main miss causes |", "|---|---|---|---|---|---|---|---|---|"]
+             "/ traces | not written | manifest inlined / dropped | main miss causes |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     lost_uncounted = 0
     grand = Counter()
     for name, result in results.items():
         if "error" in result:
-            lines.append(f"| {name} | error: {result['error'][:120]} | | | | | | | |")
+            lines.append(f"| {name} | error: {result['error'][:120]} | | | | | | | | |")
             continue
         t = _sum(result["shapes"].values())
         grand.update(t)
@@ -96,12 +100,14 @@ def markdown(results: dict, shapes, count, settings) -> str:
         lost_uncounted += max(0, t["reasoning_lost"] - norm.get("reasoning_dropped", 0))
         lines.append(f"| {name} | {_pct(t['trained'], t['turns'])} | {t['missed']} | {t['rejected_renderable']} | "
                      f"{t['turns_policy']} | {t['turns_unrenderable']} | {t['reasoning_lost']}/{t['reasoning_traces']} | "
+                     f"{t['reasoning_not_written']} | "
                      f"{norm.get('reasoning_inlined', 0)}/{norm.get('reasoning_dropped', 0)} | "
                      f"{', '.join(f'{k} {v}' for k, v in causes.most_common(3))} |")
     lines += ["", f"**All: {_pct(grand['trained'], grand['turns'])} turns trained in context; "
               f"{grand['rejected_renderable']} records rejected that the template renders; "
               f"{grand['reasoning_lost']} of {grand['reasoning_traces']} reasoning traces in no trained token "
-              f"({lost_uncounted} more than the manifests count as dropped).**", "",
+              f"({lost_uncounted} more than the manifests count as dropped; {grand['reasoning_not_written']} turns' "
+              "reasoning the template writes nowhere in the turn).**", "",
               "## By shape", "", "| shape | trained / turns | missed | rejected but renderable | reasoning lost / traces "
               "| main miss causes |", "|---|---|---|---|---|---|"]
     for shape in shapes:

@@ -95,3 +95,49 @@ def test_reference_names_what_the_template_refuses(tmp_path):
         {"id": f"call{n:05d}", "type": "function", "function": {"name": "f", "arguments": {}}} for n in (1, 2)]}]}
     _, turns = _turns("llama-3.1", parallel, tmp_path)
     assert turns[0].reason.startswith("template_refuses") and "single tool-calls" in turns[0].reason
+
+
+class Chars:
+    """A stand-in tokenizer for the reference's text rules (no folder to build): one id a character."""
+
+    special_tokens_map = {"bos_token": "<s>", "eos_token": "</s>"}
+
+    def __init__(self, template):
+        self.chat_template = template
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [ord(c) for c in text]}
+
+
+def _text_turns(template, record):
+    tok = Chars(zoo_template(template))
+    render = renderer(tok)
+    pr = probe(render)
+    messages, tools = as_messages(record)
+    return pr, [t.target_text for t in reference_turns(tok, render, fit(messages, pr), tools, pr)]
+
+
+def test_reference_keeps_a_closing_tag_the_template_writes_itself():
+    """GLM-4.7 prompts with '<think>' and writes a reply without reasoning as '</think>answer': the model
+    closes the block once, not a second time after it."""
+    assert _text_turns("glm-4.7-flash", CHAT)[1] == ["</think>Hello.", "</think>4"]
+
+
+def test_reference_finds_reasoning_a_template_writes_in_some_turns_only():
+    """Kimi-K2-Thinking writes reasoning only after the first answer, Gemma 4 and Command R7B only beside a
+    tool call: each reads the field, so nothing is inlined; a turn the template writes none in has none."""
+    reasoned = {"messages": [dict(m, reasoning_content=f"R{i}") if m["role"] == "assistant" else m
+                             for i, m in enumerate(CHAT["messages"])]}
+    pr, targets = _text_turns("kimi-k2-thinking", reasoned)
+    assert pr.reads_reasoning and targets == ["<think></think>Hello.<|im_end|>", "<think>R3</think>4<|im_end|>"]
+    for template in ("gemma-4", "command-r7b"):
+        pr, targets = _text_turns(template, reasoned)
+        assert pr.reads_reasoning and not any("R1" in t or "R3" in t for t in targets), (template, targets)
+
+
+def test_reference_judges_tool_calls_by_the_call_not_the_tools_list():
+    """LFM2, LFM2.5-Instruct and Granite 3.3 print the tools list (argument names included) and drop the
+    calls: they render no tool calls. Qwen2.5 renders them."""
+    for template in ("lfm2", "lfm2.5-instruct", "granite-3.3"):
+        assert _text_turns(template, CHAT)[0].args == "none", template
+    assert _text_turns("qwen2.5", CHAT)[0].args == "dict"

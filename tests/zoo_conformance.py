@@ -13,7 +13,10 @@ of each record is then:
 - ``missed``: anything else, with the record's rejection code when it was rejected.
 
 Per record: ``rejected_renderable`` (rejected though the template renders the whole conversation);
-per reasoning trace: whether its text is in trained tokens, against the manifest's counts.
+per reasoning trace: whether its text is in trained tokens, against the manifest's counts; per turn with
+reasoning: ``reasoning_not_written`` where the reference's target holds none of it (the template writes
+no reasoning in that turn, though it may in others: Gemma 4 and Command R7B only beside tool calls,
+Kimi-K2-Thinking only after the first answer; or ``--reasoning drop``), the reason a lost trace may have.
 """
 
 from __future__ import annotations
@@ -142,6 +145,9 @@ def _check_record(tok, render, pr, record, index, sequences, rejected, policy, t
             tally["unrenderable_counted" if rejected else "unrenderable_packed"] += 1
             continue
         tally["turns"] += 1
+        reasoning = reasoning_of(messages[turn.index])
+        if reasoning and not rejected and _squeeze(reasoning) not in _squeeze(turn.target_text):
+            tally["reasoning_not_written"] += 1  # the template writes none in this turn (or --reasoning drop)
         ok = trained_in_context(sequences, turn.context, turn.target) or (
             turn.bare is not None and trained_in_context(sequences, turn.context, turn.bare))
         if ok:
