@@ -78,14 +78,14 @@ def markdown(results: dict, shapes, count, settings) -> str:
              "A turn is *trained* when a sequence of its record starts with exactly its inference context and "
              "trains exactly its target ids (tests/zoo_reference.py). *policy*: turns with tool calls where the "
              "template renders none (left out). *unrenderable*: the template refuses the prefix. *reasoning lost*: "
-             "traces in no trained token; *not written*: turns whose reasoning the template itself writes nowhere in the turn "
-             "(it does in other turns, or reads none and the policy drops it), the reason packprep counts as "
-             "`reasoning_dropped`.", "",
+             "traces in no trained token; *not written*: turns whose reasoning the template itself writes nowhere "
+             "in the turn (it writes reasoning only in other turns, or strips it from every reply; or `--reasoning drop`), what "
+             "packprep counts as `reasoning_dropped`.", "",
              "## By template", "",
              "| template | trained / turns | missed | rejected but renderable | policy | unrenderable | reasoning lost "
              "/ traces | not written | manifest inlined / dropped | main miss causes |",
              "|---|---|---|---|---|---|---|---|---|---|"]
-    lost_uncounted = 0
+    lost_uncounted, dropped, unmatched = 0, 0, []
     grand = Counter()
     for name, result in results.items():
         if "error" in result:
@@ -98,6 +98,9 @@ def markdown(results: dict, shapes, count, settings) -> str:
             causes.update({k[7:]: v for k, v in tally.items() if k.startswith("missed:")})
         norm = result.get("normalized", {})
         lost_uncounted += max(0, t["reasoning_lost"] - norm.get("reasoning_dropped", 0))
+        dropped += norm.get("reasoning_dropped", 0)
+        if norm.get("reasoning_dropped", 0) != t["reasoning_not_written"]:
+            unmatched.append(name)
         lines.append(f"| {name} | {_pct(t['trained'], t['turns'])} | {t['missed']} | {t['rejected_renderable']} | "
                      f"{t['turns_policy']} | {t['turns_unrenderable']} | {t['reasoning_lost']}/{t['reasoning_traces']} | "
                      f"{t['reasoning_not_written']} | "
@@ -106,8 +109,10 @@ def markdown(results: dict, shapes, count, settings) -> str:
     lines += ["", f"**All: {_pct(grand['trained'], grand['turns'])} turns trained in context; "
               f"{grand['rejected_renderable']} records rejected that the template renders; "
               f"{grand['reasoning_lost']} of {grand['reasoning_traces']} reasoning traces in no trained token "
-              f"({lost_uncounted} more than the manifests count as dropped; {grand['reasoning_not_written']} turns' "
-              "reasoning the template writes nowhere in the turn).**", "",
+              f"({lost_uncounted} more than the manifests count as dropped); the manifests count "
+              f"{dropped} turns' reasoning dropped, the reference finds {grand['reasoning_not_written']} the template "
+              f"writes nowhere in the turn, differing on {len(unmatched)} templates"
+              f"{' (' + ', '.join(unmatched) + ')' if unmatched else ''}.**", "",
               "## By shape", "", "| shape | trained / turns | missed | rejected but renderable | reasoning lost / traces "
               "| main miss causes |", "|---|---|---|---|---|---|"]
     for shape in shapes:
