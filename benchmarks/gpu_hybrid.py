@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import json
 import os
 import signal
@@ -44,9 +45,7 @@ from packprep.training.layers import layer_type_of, stateful_layers  # noqa: E40
 
 HEADS = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=64)
 MIX = ["linear_attention"] * 3 + ["full_attention"]
-# the Gated DeltaNet heads of the speed model (16 key and 16 value heads of 128): the gradient run then reuses the
-# flash-linear-attention kernels the speed run compiled and autotuned (their constants are the head counts and sizes)
-GDN = dict(linear_num_key_heads=16, linear_num_value_heads=16, linear_key_head_dim=128, linear_value_head_dim=128,
+GDN = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=64, linear_value_head_dim=64,
            layer_types=MIX, num_hidden_layers=4, **HEADS)
 MAMBA2 = dict(mamba_n_heads=8, mamba_d_head=64, mamba_d_state=64, mamba_chunk_size=64, **HEADS)
 FAMILIES = {
@@ -167,8 +166,8 @@ def gradients(family: str, path: str, attn: str, device: str = "cuda", lengths=(
     return row
 
 
-class _Timeout(Exception):
-    pass
+class _Timeout(BaseException):
+    """Not an ``Exception``, so that no library's ``except Exception`` around a kernel call swallows it."""
 
 
 def _alarm(signum, frame):
@@ -182,13 +181,15 @@ def gradient_rows(families, paths, attn: str, device: str, limit: int, results: 
         for path in paths:
             print(json.dumps({"start": family, "path": path, "t": round(time.perf_counter() - T0, 1)}), flush=True)
             signal.alarm(limit)
+            faulthandler.dump_traceback_later(limit + 15)  # where it is stuck, if the alarm cannot interrupt it
             try:
                 results["grads"].append(gradients(family, path, attn, device))
-            except Exception as exc:  # one family's failure is a result, not the end of the run
+            except (Exception, _Timeout) as exc:  # one family's failure is a result, not the end of the run
                 results["grads"].append({"family": family, "path": path, "error": f"{type(exc).__name__}: {exc}"[:2000]})
                 print(json.dumps(results["grads"][-1]), flush=True)
             finally:
                 signal.alarm(0)
+                faulthandler.cancel_dump_traceback_later()
             save(results, out)
 
 
