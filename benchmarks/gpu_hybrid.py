@@ -6,19 +6,25 @@
    (300, 77, 513, 150 tokens) through ``collate_packed``. For each path of the stateful layers
    (flash-linear-attention's varlen kernels; packprep's torch fallback, the whole row in one call), the
    gradient of the summed loss in bf16, packed, against a float32 reference: the same weights, each sequence
-   run alone (SDPA). Beside it, the sequences run alone in bf16 (what bf16 rounding alone costs) and the row
-   with its boundaries withheld (the leak). Relative L2 error over all parameters.
+   run alone (SDPA) through transformers' torch functions. Beside it, the sequences run alone in bf16 (what
+   bf16 rounding alone costs) and the row with its boundaries withheld (the leak). Relative L2 error over all
+   parameters. A family that fails or outruns ``--family-timeout`` is a row with its error.
 2. ``--part speed``: a Qwen3.5-shaped model of about 1B parameters (hidden 2048, 16 layers, 3 Gated DeltaNet
    : 1 attention, vocabulary 32k, bf16, AdamW) trains on the same sequences (a long-tailed chat mix of 32 to
-   4096 tokens) packed into rows of 4096 tokens (``collate_packed``, one row a step, varlen attention) and
-   padded (``collate_padded``, the same sequences as one right-padded batch a step, SDPA with its mask):
-   real tokens/s and the loss of every step in both modes, from the same initial weights.
+   4096 tokens), one optimizer step per group filling a row of 4096 tokens: packed (``collate_packed``, one
+   row, varlen attention) and padded (``collate_padded``, SDPA with its mask: the group sorted by length, in
+   micro-batches of at most ``--slots`` padded tokens, each padded to the first of ``--buckets`` that holds
+   its longest sequence; ``padded_max``: every sequence padded to ``--max-len``). Every batch shape runs once
+   before the clock (compilation and autotuning untimed); real tokens/s and every step's loss in both modes,
+   from the same initial weights.
 
     python benchmarks/gpu_hybrid.py [--part speed,grads] [--modes packed,padded] [--paths fla,fallback]
-                                    [--steps 8] [--out results.json]
-    python benchmarks/gpu_hybrid.py --device cpu --part grads --paths fallback   # CPU smoke run
+                                    [--steps 12] [--out results.json]
+    python benchmarks/gpu_hybrid.py --device cpu --part grads --paths fallback   # CPU smoke runs
+    python benchmarks/gpu_hybrid.py --device cpu --part speed --max-len 512 --buckets 128,256,512 --steps 3
 
-On Hopper, flash-linear-attention 0.6 needs Triton >= 3.7.1 for its gated kernels' backward.
+On Hopper, flash-linear-attention 0.6 needs Triton >= 3.7.1 for its gated kernels' backward. fla compiles and
+autotunes its kernels on first use (minutes on an empty Triton cache): keep ``TRITON_CACHE_DIR`` between runs.
 """
 
 from __future__ import annotations
@@ -185,7 +191,8 @@ def gradient_rows(families, paths, attn: str, device: str, limit: int, results: 
             try:
                 results["grads"].append(gradients(family, path, attn, device))
             except (Exception, _Timeout) as exc:  # one family's failure is a result, not the end of the run
-                results["grads"].append({"family": family, "path": path, "error": f"{type(exc).__name__}: {exc}"[:2000]})
+                error = f"{type(exc).__name__}: {exc}"[:2000]
+                results["grads"].append({"family": family, "path": path, "error": error})
                 print(json.dumps(results["grads"][-1]), flush=True)
             finally:
                 signal.alarm(0)
@@ -265,9 +272,10 @@ def _step(model, micro: list[tuple[dict, int]]) -> float:
     return loss
 
 
-def throughput(config, steps, packed: bool, attn: str, buckets: list[int], slots: int, device: str = "cuda") -> dict:
+def throughput(config, steps, mode: str, attn: str, buckets: list[int], slots: int, device: str = "cuda") -> dict:
     """Train on ``steps`` from fixed initial weights; every batch shape is run once (forward and backward, no
     optimizer step) before the clock starts, so that compilation and autotuning are outside the timing."""
+    packed = mode == "packed"
     torch.manual_seed(0)
     with torch.device(device):
         model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.bfloat16)
@@ -294,7 +302,7 @@ def throughput(config, steps, packed: bool, attn: str, buckets: list[int], slots
     _sync(device)
     seconds = time.perf_counter() - start
     tokens = sum(sum(lens) for lens in steps)
-    row = {"mode": "packed" if packed else "padded", "attn": attn, "layers": used, "steps": len(steps),
+    row = {"mode": mode, "attn": attn, "layers": used, "steps": len(steps),
            "micro_batches": sum(len(m) for m in data), "shapes": sorted(shapes), "warmup_seconds": round(warmup, 1),
            "tokens": tokens, "slots_with_pad": sum(b["input_ids"].numel() for m in data for b, _ in m),
            "seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds), "losses": losses,
@@ -338,10 +346,10 @@ def speed(args, attn: str, results: dict) -> None:
         packed = mode == "packed"
         print(json.dumps({"start": mode, "t": round(time.perf_counter() - T0, 1)}), flush=True)
         try:
-            row = throughput(qwen3_5_1b(tiny), steps, packed, attn if packed else "sdpa",
+            row = throughput(qwen3_5_1b(tiny), steps, mode, attn if packed else "sdpa",
                              [args.max_len] if mode == "padded_max" else buckets, args.slots or 4 * args.max_len,
                              args.device)
-            results["speed"].append({**row, "mode": mode})
+            results["speed"].append(row)
         except Exception as exc:  # an out-of-memory padded mode is a result too
             results["speed"].append({"mode": mode, "error": f"{type(exc).__name__}: {exc}"[:2000]})
             print(json.dumps(results["speed"][-1]), flush=True)
@@ -352,7 +360,8 @@ def speed(args, attn: str, results: dict) -> None:
         results["packed_over_padded"] = round(pk["tokens_per_s"] / pd["tokens_per_s"], 2)
         results["loss_max_abs_diff"] = round(max(abs(a - b) for a, b in zip(pk["losses"], pd["losses"])), 4)
     if {"packed", "padded_max"} <= set(done):
-        results["packed_over_padded_max"] = round(done["packed"]["tokens_per_s"] / done["padded_max"]["tokens_per_s"], 2)
+        ratio = done["packed"]["tokens_per_s"] / done["padded_max"]["tokens_per_s"]
+        results["packed_over_padded_max"] = round(ratio, 2)
     print(json.dumps({k: v for k, v in results.items() if k.startswith(("packed_over", "loss_max"))}), flush=True)
     save(results, args.out)
 
