@@ -4,8 +4,9 @@ The definition (render.py) costs two prefix renderings per assistant turn, quadr
 This renders each conversation once and watches the template run:
 
 1. The template's last top-level ``{% for %}`` is its message loop, and everything after that loop
-   must be text that depends on nothing but ``add_generation_prompt`` (checked once, on the
-   template's syntax tree). Call that text the *tail*.
+   must be text that depends on nothing but ``add_generation_prompt`` and variables the template
+   never assigns (special tokens, template arguments; checked once, on the template's syntax tree,
+   see ``_is_tail``). Call that text the *tail*: for given variables, the same after every prefix.
 2. The template gets the messages through a read-only stand-in that records which messages it has
    read and whether it has read how many there are.
 3. When the message loop itself steps to message *j* and the template has read no message at or
@@ -21,7 +22,7 @@ reference way too. Tests compare the result with the reference on every real tem
 templates written to defeat the watch.
 
 This reaches into Jinja (a rewritten syntax tree, the compiled template's ``root_render_func``,
-``LoopContext.__next__``, ``sys._getframe``) and memoises the sandbox's attribute check. :func:`choose_template` checks, once per template, that the result agrees with
+``LoopContext.__next__``, ``sys._getframe``). :func:`choose_template` checks, once per template, that the result agrees with
 the reference :class:`packprep.render.ChatTemplate` on probe conversations; where it cannot be
 built or does not agree, it says why and the reference is used (the manifest records which ran).
 ``tests/test_render.py`` fails when the installed Jinja no longer allows it.
@@ -33,7 +34,7 @@ import sys
 from dataclasses import dataclass
 
 from .normalize import Conversation, Rejected
-from .render import ChatTemplate, render_conversation
+from .render import ChatTemplate, Work, render_conversation, snapshot_globals
 
 WATCH = "__packprep_watch"  # the name under which the rewritten template's message loop calls the watch
 # Conversations on which the accelerator must agree with the reference before it is used.
@@ -48,40 +49,6 @@ PROBES = [
 
 class Unavailable(Exception):
     """The one-pass rendering cannot be used for this template (the message says why)."""
-
-
-def _compile(template: str):
-    """Compile ``template`` as the reference does (``ChatTemplate._compile``), with the sandbox's
-    attribute check memoised.
-
-    The sandbox asks ``is_safe_attribute(obj, attr, value)`` on every attribute a template reads
-    (``loop.index0``, ``content.strip``...), which was half of all rendering time. For Jinja's
-    ``ImmutableSandboxedEnvironment`` the answer depends only on ``type(obj)`` and ``attr``, so it
-    is cached on that key: the same checks, made once per type and name.
-    """
-    compiled = ChatTemplate._compile(template)
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    environment = compiled.environment
-    if type(environment).is_safe_attribute is ImmutableSandboxedEnvironment.is_safe_attribute:
-        check, verdicts = environment.is_safe_attribute, {}
-
-        def is_safe_attribute(obj, attr, value):
-            key = (type(obj), attr)
-            if key not in verdicts:
-                verdicts[key] = check(obj, attr, value)
-            return verdicts[key]
-
-        environment.is_safe_attribute = is_safe_attribute
-    _snapshot_globals(compiled)
-    return compiled
-
-
-def _snapshot_globals(template) -> None:
-    """Give ``template`` its globals as a plain dict instead of Jinja's ``ChainMap`` over the
-    environment's: every rendering copies them into its context, and copying the ChainMap cost
-    5 µs of the 20 µs a conversation took. Nothing adds globals once a template is compiled."""
-    template.globals = dict(template.globals)
 
 
 class _Reads:
@@ -172,7 +139,7 @@ class _Watch:
     """A template rewritten for watching (see ``_watchable``), with what its loop needs to know."""
 
     template: object  # the jinja2 Template whose message loop runs on WATCH(...)
-    tails: dict[bool, str]  # the text after the loop, without and with the generation prompt
+    tail: object  # the text after the loop, as a template of its own (rendered with a template copy's variables)
     template_file: str  # the file name of the template's compiled code: its own loop steps come from there
     loop_step: object  # the code of LoopContext.__next__: the loop's steps when the template uses `loop`
 
@@ -214,18 +181,48 @@ class _MessageLoop:
         return messages._items[self._next - 1]
 
 
-def _depends_only_on_generation_prompt(node) -> bool:
-    """Whether ``node`` outputs literal text, chosen at most by ``add_generation_prompt``."""
+# what the tail may be made of: output, literal text and choices, read from variables it never assigns
+_TAIL_NODES = frozenset({"Output", "If", "TemplateData", "Const", "Name", "Getattr", "Getitem", "Filter", "Test", "Not",
+                         "And", "Or", "Compare", "Operand", "Concat", "CondExpr", "Add", "Sub", "Mul", "Div",
+                         "FloorDiv", "Mod", "Pos", "Neg", "Keyword", "Slice", "Tuple", "List"})
+_NOT_CONSTANT = frozenset({"messages", "tools", "documents", "loop", WATCH})  # differ between records or prefixes
+
+
+def _is_tail(nodes_after: list, assigned: set[str]) -> bool:
+    """Whether ``nodes_after`` output text chosen only by ``add_generation_prompt`` and by variables
+    the template never assigns (special tokens such as Phi-3.5's ``eos_token``, template arguments).
+
+    Why that text is the same after every prefix's loop: it is built of output, literals, choices
+    and filters (no call, no assignment, no loop; checked node by node on the syntax tree), and
+    every name it reads is one that no statement of the template sets, loops over, imports or
+    defines, so its value there is the value the rendering was given, which is the same for every
+    prefix of a record (the messages, tools and documents excepted, and refused). Rendered as a
+    template of its own with the same variables, it therefore writes what it writes after the loop.
+    """
     from jinja2 import nodes
 
-    if isinstance(node, nodes.Output):
-        return all(isinstance(n, nodes.TemplateData) or (isinstance(n, nodes.Const) and isinstance(n.value, str))
-                   for n in node.nodes)
-    if isinstance(node, nodes.If):
-        test = node.test.node if isinstance(node.test, nodes.Not) else node.test
-        return (isinstance(test, nodes.Name) and test.name == "add_generation_prompt"
-                and all(_depends_only_on_generation_prompt(n) for n in node.body + node.elif_ + node.else_))
-    return False
+    for top in nodes_after:
+        if not isinstance(top, (nodes.Output, nodes.If)):
+            return False
+        for node in [top, *top.find_all(nodes.Node)]:
+            if type(node).__name__ not in _TAIL_NODES:
+                return False
+            if isinstance(node, nodes.Name) and (node.ctx != "load" or node.name in assigned
+                                                 or node.name in _NOT_CONSTANT):
+                return False
+    return True
+
+
+def _assigned_names(tree) -> set[str]:
+    """Every name the template sets, loops over, imports or defines as a macro."""
+    from jinja2 import nodes
+
+    names = {n.name for n in tree.find_all(nodes.Name) if n.ctx in ("store", "param")}
+    names |= {n.name for n in tree.find_all(nodes.Macro)}
+    names |= {n.target for n in tree.find_all(nodes.Import)}
+    for imported in tree.find_all(nodes.FromImport):
+        names |= {name if isinstance(name, str) else name[1] for name in imported.names}
+    return names
 
 
 def _watchable(environment, source: str) -> _Watch | None:
@@ -240,17 +237,17 @@ def _watchable(environment, source: str) -> _Watch | None:
     loops = [i for i, node in enumerate(tree.body) if isinstance(node, nodes.For)]
     if not loops:
         return None
-    loop, tail = tree.body[loops[-1]], tree.body[loops[-1] + 1 :]
+    loop, after = tree.body[loops[-1]], tree.body[loops[-1] + 1 :]
     if loop.else_ or loop.test is not None or loop.recursive:
         return None
-    if not all(_depends_only_on_generation_prompt(node) for node in tail):
+    if not _is_tail(after, _assigned_names(tree)):
         return None
-    tail_template = environment.from_string(nodes.Template(tail, lineno=1))
-    tails = {g: tail_template.render(add_generation_prompt=g) for g in (False, True)}
+    tail = environment.from_string(nodes.Template(after, lineno=1))
+    snapshot_globals(tail)
     loop.iter = nodes.Call(nodes.Name(WATCH, "load"), [loop.iter], [], None, None, lineno=loop.lineno)
     template = environment.from_string(tree)
-    _snapshot_globals(template)
-    return _Watch(template, tails, template.root_render_func.__code__.co_filename, LoopContext.__next__.__code__)
+    snapshot_globals(template)
+    return _Watch(template, tail, template.root_render_func.__code__.co_filename, LoopContext.__next__.__code__)
 
 
 def choose_template(tokenizer, variables: dict | None = None) -> ChatTemplate:
@@ -271,7 +268,7 @@ def choose_template(tokenizer, variables: dict | None = None) -> ChatTemplate:
         warnings.warn(f"rendering the chat template the reference way, every prefix on its own (slower): {exc}",
                       stacklevel=2)
         return reference
-    fast.prefix_renders = 0
+    fast.prefix_renders, fast.work = 0, Work()  # the probes' work is not the output's
     return fast
 
 
@@ -291,20 +288,34 @@ class OnePassTemplate(ChatTemplate):
     name = "one-pass"
 
     def __init__(self, tokenizer, variables: dict | None = None):
-        super().__init__(tokenizer, variables=variables)  # compiles the template, once, with _compile below
+        super().__init__(tokenizer, variables=variables)  # compiles the template, once
         try:
             self._watch = _watchable(self._compiled.environment, self.source)
         except Exception as exc:  # Jinja's internals are not what the watch relies on
             raise Unavailable(f"the installed Jinja differs from what the watch relies on: {exc!r}") from exc
         if self._watch is None:
             raise Unavailable("the template's shape does not allow it (its message loop is not the last "
-                              "top-level loop, or text after it depends on more than add_generation_prompt)")
+                              "top-level loop, or text after it depends on more than add_generation_prompt and "
+                              "variables the template never assigns)")
         # the variables every watched rendering gets besides its messages and tools
         self._variables = {"documents": None, "add_generation_prompt": False, WATCH: self._watch.loop, **self._special}
+        self._tails: dict[bool, str] | None = None  # tail(g) for this copy's variables
 
-    @staticmethod
-    def _compile(template: str):
-        return _compile(template)
+    def with_variables(self, extra: dict | None) -> "ChatTemplate":
+        clone = super().with_variables(extra)
+        if clone is not self:
+            clone._tails = None  # the tail may read a template argument
+        return clone
+
+    def _tail(self, generation: bool) -> str | None:
+        """The text after the message loop (see ``_is_tail``), rendered with this copy's variables."""
+        if self._tails is None:
+            variables = {"documents": None, **self._special, **self.variables}
+            try:
+                self._tails = {g: self._watch.tail.render(**variables, add_generation_prompt=g) for g in (False, True)}
+            except Exception:  # a tail that fails on its own cannot vouch for a cut: every prefix rendered
+                self._tails = {False: None, True: None}
+        return self._tails[generation]
 
     def render_with_prefixes(self, messages: list[dict], tools: list | None):
         """``render(messages)``, and a function ``prefix(n, g)`` equal to
@@ -318,7 +329,7 @@ class OnePassTemplate(ChatTemplate):
 
         def prefix(n: int, generation: bool) -> str:
             if n in cuts:
-                return text[: cuts[n]] + watch.tails[generation]
+                return text[: cuts[n]] + self._tail(generation)
             self.prefix_renders += 1
             return self.render(messages[:n], tools, generation)
 
@@ -339,8 +350,10 @@ class OnePassTemplate(ChatTemplate):
             self._watch = None  # the template does something the stand-in refuses: stop watching it
             return text, {}
         text = "".join(parts)  # what the plain template renders: the stand-in is faithful or raises
-        end = reads.cuts.get(len(messages))
-        if end is None or text[end:] != watch.tails[False]:
+        self.work.renders += 1
+        self.work.chars += len(text)
+        end, tail = reads.cuts.get(len(messages)), self._tail(False)
+        if end is None or tail is None or text[end:] != tail:
             return text, {}
         return text, reads.cuts
 
