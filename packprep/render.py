@@ -158,6 +158,7 @@ class ChatTemplate:
                 return verdicts[key]
 
             environment.is_safe_attribute = is_safe_attribute
+            environment.getattr = _plain_getattr(environment)
         snapshot_globals(compiled)
         return compiled
 
@@ -215,6 +216,53 @@ class ChatTemplate:
             return self.render(messages[:n], tools, generation)
 
         return text, prefix
+
+
+# types whose instances have no attributes of their own (no __dict__, no __getattr__): what an attribute of
+# one is, is decided by the type and the name alone
+_PLAIN = frozenset({str, dict, list, tuple, int, float, bool, type(None)})
+_ITEM, _VALUE, _FULL = 0, 1, 2  # how the sandbox's getattr ends for a (type, name)
+
+
+def _plain_getattr(environment):
+    """The sandbox's ``getattr`` (``message.content``, ``content.strip``), with what it decides for the
+    plain data types decided once per (type, name); the same result, without an AttributeError raised
+    and caught for every key of every message.
+
+    Jinja's ``SandboxedEnvironment.getattr`` tries ``getattr(obj, name)``; where that fails it returns
+    ``obj[name]`` (or undefined); else it wraps ``str.format``, and returns the value if
+    ``is_safe_attribute`` allows it. For an instance of a :data:`_PLAIN` type, ``getattr`` fails
+    exactly when the type has no such attribute, the value is a ``format`` method exactly when the
+    type's attribute is one, and ``is_safe_attribute`` depends on the type and the name only (see
+    ``_compile``): so those answers are taken once per (type, name), and anything else is left to
+    Jinja's own method.
+    """
+    full, plans = environment.getattr, {}
+    undefined = environment.undefined
+
+    def plan(obj, name: str) -> int:
+        kind = type(obj)
+        if not hasattr(kind, name):
+            return _ITEM
+        if getattr(getattr(kind, name), "__name__", None) in ("format", "format_map"):
+            return _FULL
+        return _VALUE if environment.is_safe_attribute(obj, name, getattr(obj, name)) else _FULL
+
+    def plain_getattr(obj, name):
+        kind = type(obj)
+        if kind not in _PLAIN or not isinstance(name, str):
+            return full(obj, name)
+        how = plans.get((kind, name))
+        if how is None:
+            how = plans[kind, name] = plan(obj, name)
+        if how == _ITEM:
+            try:
+                return obj[name]
+            except (TypeError, LookupError):
+                return undefined(obj=obj, name=name)
+        return getattr(obj, name) if how == _VALUE else full(obj, name)
+
+    return plain_getattr
 
 
 def snapshot_globals(template) -> None:
