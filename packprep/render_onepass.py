@@ -6,7 +6,7 @@ This renders each conversation once and watches the template run:
 1. The template's last top-level ``{% for %}`` is its message loop, and everything after that loop
    must be text that depends on nothing but ``add_generation_prompt`` and variables the template
    never assigns (special tokens, template arguments; checked once, on the template's syntax tree,
-   see ``_is_tail``). Call that text the *tail*: for given variables, the same after every prefix.
+   see ``_tail_reads``). Call that text the *tail*: for given variables, the same after every prefix.
 2. The template gets the messages through a read-only stand-in that records which messages it has
    read and whether it has read how many there are.
 3. When the message loop itself steps to message *j* and the template has read no message at or
@@ -142,6 +142,7 @@ class _Watch:
     tail: object  # the text after the loop, as a template of its own (rendered with a template copy's variables)
     template_file: str  # the file name of the template's compiled code: its own loop steps come from there
     loop_step: object  # the code of LoopContext.__next__: the loop's steps when the template uses `loop`
+    reads: frozenset  # the names the tail reads: a rendering's own top-level value of each, where it set one
 
     def loop(self, iterable):
         """WATCH: the message loop's iterable, watched when it is the messages."""
@@ -186,38 +187,57 @@ _TAIL_NODES = frozenset({"Output", "If", "TemplateData", "Const", "Name", "Getat
                          "And", "Or", "Compare", "Operand", "Concat", "CondExpr", "Add", "Sub", "Mul", "Div",
                          "FloorDiv", "Mod", "Pos", "Neg", "Keyword", "Slice", "Tuple", "List"})
 _NOT_CONSTANT = frozenset({"messages", "tools", "documents", "loop", WATCH})  # differ between records or prefixes
+_IMMUTABLE = frozenset({str, int, float, bool, type(None)})  # values the tail may read from a rendering's state
 
 
-def _is_tail(nodes_after: list, assigned: set[str]) -> bool:
-    """Whether ``nodes_after`` output text chosen only by ``add_generation_prompt`` and by variables
-    the template never assigns (special tokens such as Phi-3.5's ``eos_token``, template arguments).
+def _tail_reads(nodes_after: list, unsafe: set[str]) -> set[str] | None:
+    """The names ``nodes_after`` read, if they output text chosen only by ``add_generation_prompt``,
+    by variables the template never assigns (special tokens such as Phi-3.5's ``eos_token``, template
+    arguments) and by names it assigns only at its top level before the message loop (``unsafe``:
+    every other name it assigns); else None.
 
-    Why that text is the same after every prefix's loop: it is built of output, literals, choices
-    and filters (no call, no assignment, no loop; checked node by node on the syntax tree), and
-    every name it reads is one that no statement of the template sets, loops over, imports or
-    defines, so its value there is the value the rendering was given, which is the same for every
-    prefix of a record (the messages, tools and documents excepted, and refused). Rendered as a
-    template of its own with the same variables, it therefore writes what it writes after the loop.
+    Why that text is the same after every vouched prefix's loop as after the whole conversation's,
+    for the same values of those names: it is built of output, literals, choices and filters (no
+    call, no assignment, no loop; checked node by node on the syntax tree), and reads neither the
+    messages, nor the tools, nor ``loop``. A name no statement sets is the value the rendering was
+    given, the same for every prefix of a record. A name set only at the top level before the loop
+    (directly or under a top-level ``{% if %}``, which opens no scope) keeps through the loop the
+    value it had when the loop began: a ``{% set %}`` in the loop's body binds a name of the body's
+    own scope. Up to a vouched cut the prefix's rendering ran the same code on the same data as the
+    whole one, so that value is the same in both; where it is immutable (a string, a number, a bool,
+    None: checked on each rendering) nothing in the loop can have changed it. A namespace can be
+    changed in the loop (``{% set ns.x = ... %}``): a tail that reads one cuts nothing.
     """
     from jinja2 import nodes
 
+    read = set()
     for top in nodes_after:
         if not isinstance(top, (nodes.Output, nodes.If)):
-            return False
+            return None
         for node in [top, *top.find_all(nodes.Node)]:
             if type(node).__name__ not in _TAIL_NODES:
-                return False
-            if isinstance(node, nodes.Name) and (node.ctx != "load" or node.name in assigned
-                                                 or node.name in _NOT_CONSTANT):
-                return False
-    return True
+                return None
+            if isinstance(node, nodes.Name):
+                if node.ctx != "load" or node.name in unsafe or node.name in _NOT_CONSTANT:
+                    return None
+                read.add(node.name)
+    return read
 
 
-def _assigned_names(tree) -> set[str]:
-    """Every name the template sets, loops over, imports or defines as a macro."""
+def _unsafe_names(tree, loop: int) -> set[str]:
+    """Every name the template sets, loops over, imports or defines as a macro, except where it is
+    set only at its top level before its ``loop``-th top-level statement (see ``_tail_reads``)."""
     from jinja2 import nodes
 
-    names = {n.name for n in tree.find_all(nodes.Name) if n.ctx in ("store", "param")}
+    safe: set[int] = set()  # the ids of the Name nodes that assign at the top level before the loop
+    stack = list(tree.body[:loop])
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (nodes.Assign, nodes.AssignBlock)):
+            safe |= {id(n) for n in [node.target, *node.target.find_all(nodes.Name)] if isinstance(n, nodes.Name)}
+        elif isinstance(node, nodes.If):
+            stack += [*node.body, *node.elif_, *node.else_]
+    names = {n.name for n in tree.find_all(nodes.Name) if n.ctx in ("store", "param") and id(n) not in safe}
     names |= {n.name for n in tree.find_all(nodes.Macro)}
     names |= {n.target for n in tree.find_all(nodes.Import)}
     for imported in tree.find_all(nodes.FromImport):
@@ -240,14 +260,16 @@ def _watchable(environment, source: str) -> _Watch | None:
     loop, after = tree.body[loops[-1]], tree.body[loops[-1] + 1 :]
     if loop.else_ or loop.test is not None or loop.recursive:
         return None
-    if not _is_tail(after, _assigned_names(tree)):
+    reads = _tail_reads(after, _unsafe_names(tree, loops[-1]))
+    if reads is None:
         return None
     tail = environment.from_string(nodes.Template(after, lineno=1))
     snapshot_globals(tail)
     loop.iter = nodes.Call(nodes.Name(WATCH, "load"), [loop.iter], [], None, None, lineno=loop.lineno)
     template = environment.from_string(tree)
     snapshot_globals(template)
-    return _Watch(template, tail, template.root_render_func.__code__.co_filename, LoopContext.__next__.__code__)
+    return _Watch(template, tail, template.root_render_func.__code__.co_filename, LoopContext.__next__.__code__,
+                  frozenset(reads))
 
 
 def choose_template(tokenizer, variables: dict | None = None) -> ChatTemplate:
@@ -299,23 +321,26 @@ class OnePassTemplate(ChatTemplate):
                               "variables the template never assigns)")
         # the variables every watched rendering gets besides its messages and tools
         self._variables = {"documents": None, "add_generation_prompt": False, WATCH: self._watch.loop, **self._special}
-        self._tails: dict[bool, str] | None = None  # tail(g) for this copy's variables
+        self._tails: dict[tuple, dict[bool, str] | None] = {}  # a rendering's state -> its tails (see _tail)
 
     def with_variables(self, extra: dict | None) -> "ChatTemplate":
         clone = super().with_variables(extra)
         if clone is not self:
-            clone._tails = None  # the tail may read a template argument
+            clone._tails = {}  # the tail may read a template argument
         return clone
 
-    def _tail(self, generation: bool) -> str | None:
-        """The text after the message loop (see ``_is_tail``), rendered with this copy's variables."""
-        if self._tails is None:
-            variables = {"documents": None, **self._special, **self.variables}
+    def _tail(self, state: tuple) -> dict[bool, str] | None:
+        """The text after the message loop (see ``_tail_reads``) without and with the generation
+        prompt, for this copy's variables and a rendering's ``state`` (the values it set of the names
+        the tail reads); None where the tail fails on its own (then it vouches for no cut)."""
+        if state not in self._tails:
+            variables = {"documents": None, **self._special, **self.variables, **dict(state)}
             try:
-                self._tails = {g: self._watch.tail.render(**variables, add_generation_prompt=g) for g in (False, True)}
-            except Exception:  # a tail that fails on its own cannot vouch for a cut: every prefix rendered
-                self._tails = {False: None, True: None}
-        return self._tails[generation]
+                self._tails[state] = {g: self._watch.tail.render(**{**variables, "add_generation_prompt": g})
+                                      for g in (False, True)}
+            except Exception:
+                self._tails[state] = None
+        return self._tails[state]
 
     def render_with_prefixes(self, messages: list[dict], tools: list | None):
         """``render(messages)``, and a function ``prefix(n, g)`` equal to
@@ -323,20 +348,20 @@ class OnePassTemplate(ChatTemplate):
         vouches for it, rendered otherwise."""
         watch = self._watch
         if watch is None:
-            text, cuts = self.render(messages, tools), {}
+            text, cuts, tails = self.render(messages, tools), {}, None
         else:
-            text, cuts = self._render_watched(watch, messages, tools)
+            text, cuts, tails = self._render_watched(watch, messages, tools)
 
         def prefix(n: int, generation: bool) -> str:
             if n in cuts:
-                return text[: cuts[n]] + self._tail(generation)
+                return text[: cuts[n]] + tails[generation]
             self.prefix_renders += 1
             return self.render(messages[:n], tools, generation)
 
         return text, prefix
 
-    def _render_watched(self, watch: _Watch, messages, tools) -> tuple[str, dict[int, int]]:
-        """The rendering and its cuts; no cuts where the loop's end could not be vouched for."""
+    def _render_watched(self, watch: _Watch, messages, tools) -> tuple[str, dict[int, int], dict | None]:
+        """The rendering, its cuts and its tails; no cuts where the loop's end could not be vouched for."""
         reads = _Reads()
         context = watch.template.new_context({"messages": _Messages(messages, reads), "tools": tools,
                                               **self._variables, **self.variables})
@@ -348,13 +373,14 @@ class OnePassTemplate(ChatTemplate):
         except Exception:
             text = self.render(messages, tools)  # a record the template rejects is rejected the reference way
             self._watch = None  # the template does something the stand-in refuses: stop watching it
-            return text, {}
+            return text, {}, None
         text = "".join(parts)  # what the plain template renders: the stand-in is faithful or raises
         self.work.renders += 1
         self.work.chars += len(text)
-        end, tail = reads.cuts.get(len(messages)), self._tail(False)
-        if end is None or tail is None or text[end:] != tail:
-            return text, {}
-        return text, reads.cuts
-
-
+        state = tuple(sorted((name, context.vars[name]) for name in watch.reads if name in context.vars))
+        if any(type(value) not in _IMMUTABLE for _, value in state):
+            return text, {}, None  # a namespace, say: the loop may have changed what the tail reads
+        end, tails = reads.cuts.get(len(messages)), self._tail(state)
+        if end is None or tails is None or text[end:] != tails[False]:
+            return text, {}, None
+        return text, reads.cuts, tails
