@@ -34,7 +34,8 @@ import sys
 from dataclasses import dataclass
 
 from .normalize import Conversation, Rejected
-from .render import ChatTemplate, Work, render_conversation, snapshot_globals
+from .render import ChatTemplate, Work, render_conversation
+from .tokenizer_folder import snapshot_globals
 
 WATCH = "__packprep_watch"  # the name under which the rewritten template's message loop calls the watch
 # Conversations on which the accelerator must agree with the reference before it is used.
