@@ -112,7 +112,7 @@ def _worker(spec: dict) -> None:
 
 
 def _run(code: Path, spec: dict) -> list[dict]:
-    env = {**os.environ, "PYTHONPATH": str(code)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(code), os.environ.get("PYTHONPATH")]))}
     done = subprocess.run([sys.executable, __file__, "_worker", json.dumps(spec)], env=env, capture_output=True,
                           text=True)
     if done.returncode:
