@@ -4,8 +4,9 @@ The definition (render.py) costs two prefix renderings per assistant turn, quadr
 This renders each conversation once and watches the template run:
 
 1. The template's last top-level ``{% for %}`` is its message loop, and everything after that loop
-   must be text that depends on nothing but ``add_generation_prompt`` (checked once, on the
-   template's syntax tree). Call that text the *tail*.
+   must be text that depends on nothing but ``add_generation_prompt`` and variables the template
+   never assigns (special tokens, template arguments; checked once, on the template's syntax tree,
+   see ``_tail_reads``). Call that text the *tail*: for given variables, the same after every prefix.
 2. The template gets the messages through a read-only stand-in that records which messages it has
    read and whether it has read how many there are.
 3. When the message loop itself steps to message *j* and the template has read no message at or
@@ -21,7 +22,7 @@ reference way too. Tests compare the result with the reference on every real tem
 templates written to defeat the watch.
 
 This reaches into Jinja (a rewritten syntax tree, the compiled template's ``root_render_func``,
-``LoopContext.__next__``, ``sys._getframe``) and memoises the sandbox's attribute check. :func:`choose_template` checks, once per template, that the result agrees with
+``LoopContext.__next__``, ``sys._getframe``). :func:`choose_template` checks, once per template, that the result agrees with
 the reference :class:`packprep.render.ChatTemplate` on probe conversations; where it cannot be
 built or does not agree, it says why and the reference is used (the manifest records which ran).
 ``tests/test_render.py`` fails when the installed Jinja no longer allows it.
@@ -33,7 +34,8 @@ import sys
 from dataclasses import dataclass
 
 from .normalize import Conversation, Rejected
-from .render import ChatTemplate, render_conversation
+from .render import ChatTemplate, Work, render_conversation
+from .tokenizer_folder import snapshot_globals
 
 WATCH = "__packprep_watch"  # the name under which the rewritten template's message loop calls the watch
 # Conversations on which the accelerator must agree with the reference before it is used.
@@ -48,40 +50,6 @@ PROBES = [
 
 class Unavailable(Exception):
     """The one-pass rendering cannot be used for this template (the message says why)."""
-
-
-def _compile(template: str):
-    """Compile ``template`` as the reference does (``ChatTemplate._compile``), with the sandbox's
-    attribute check memoised.
-
-    The sandbox asks ``is_safe_attribute(obj, attr, value)`` on every attribute a template reads
-    (``loop.index0``, ``content.strip``...), which was half of all rendering time. For Jinja's
-    ``ImmutableSandboxedEnvironment`` the answer depends only on ``type(obj)`` and ``attr``, so it
-    is cached on that key: the same checks, made once per type and name.
-    """
-    compiled = ChatTemplate._compile(template)
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    environment = compiled.environment
-    if type(environment).is_safe_attribute is ImmutableSandboxedEnvironment.is_safe_attribute:
-        check, verdicts = environment.is_safe_attribute, {}
-
-        def is_safe_attribute(obj, attr, value):
-            key = (type(obj), attr)
-            if key not in verdicts:
-                verdicts[key] = check(obj, attr, value)
-            return verdicts[key]
-
-        environment.is_safe_attribute = is_safe_attribute
-    _snapshot_globals(compiled)
-    return compiled
-
-
-def _snapshot_globals(template) -> None:
-    """Give ``template`` its globals as a plain dict instead of Jinja's ``ChainMap`` over the
-    environment's: every rendering copies them into its context, and copying the ChainMap cost
-    5 µs of the 20 µs a conversation took. Nothing adds globals once a template is compiled."""
-    template.globals = dict(template.globals)
 
 
 class _Reads:
@@ -172,9 +140,10 @@ class _Watch:
     """A template rewritten for watching (see ``_watchable``), with what its loop needs to know."""
 
     template: object  # the jinja2 Template whose message loop runs on WATCH(...)
-    tails: dict[bool, str]  # the text after the loop, without and with the generation prompt
+    tail: object  # the text after the loop, as a template of its own (rendered with a template copy's variables)
     template_file: str  # the file name of the template's compiled code: its own loop steps come from there
     loop_step: object  # the code of LoopContext.__next__: the loop's steps when the template uses `loop`
+    reads: frozenset  # the names the tail reads: a rendering's own top-level value of each, where it set one
 
     def loop(self, iterable):
         """WATCH: the message loop's iterable, watched when it is the messages."""
@@ -214,18 +183,67 @@ class _MessageLoop:
         return messages._items[self._next - 1]
 
 
-def _depends_only_on_generation_prompt(node) -> bool:
-    """Whether ``node`` outputs literal text, chosen at most by ``add_generation_prompt``."""
+# what the tail may be made of: output, literal text and choices, read from variables it never assigns
+_TAIL_NODES = frozenset({"Output", "If", "TemplateData", "Const", "Name", "Getattr", "Getitem", "Filter", "Test", "Not",
+                         "And", "Or", "Compare", "Operand", "Concat", "CondExpr", "Add", "Sub", "Mul", "Div",
+                         "FloorDiv", "Mod", "Pos", "Neg", "Keyword", "Slice", "Tuple", "List"})
+_NOT_CONSTANT = frozenset({"messages", "tools", "documents", "loop", WATCH})  # differ between records or prefixes
+_IMMUTABLE = frozenset({str, int, float, bool, type(None)})  # values the tail may read from a rendering's state
+
+
+def _tail_reads(nodes_after: list, unsafe: set[str]) -> set[str] | None:
+    """The names ``nodes_after`` read, if they output text chosen only by ``add_generation_prompt``,
+    by variables the template never assigns (special tokens such as Phi-3.5's ``eos_token``, template
+    arguments) and by names it assigns only at its top level before the message loop (``unsafe``:
+    every other name it assigns); else None.
+
+    Why that text is the same after every vouched prefix's loop as after the whole conversation's,
+    for the same values of those names: it is built of output, literals, choices and filters (no
+    call, no assignment, no loop; checked node by node on the syntax tree), and reads neither the
+    messages, nor the tools, nor ``loop``. A name no statement sets is the value the rendering was
+    given, the same for every prefix of a record. A name set only at the top level before the loop
+    (directly or under a top-level ``{% if %}``, which opens no scope) keeps through the loop the
+    value it had when the loop began: a ``{% set %}`` in the loop's body binds a name of the body's
+    own scope. Up to a vouched cut the prefix's rendering ran the same code on the same data as the
+    whole one, so that value is the same in both; where it is immutable (a string, a number, a bool,
+    None: checked on each rendering) nothing in the loop can have changed it. A namespace can be
+    changed in the loop (``{% set ns.x = ... %}``): a tail that reads one cuts nothing.
+    """
     from jinja2 import nodes
 
-    if isinstance(node, nodes.Output):
-        return all(isinstance(n, nodes.TemplateData) or (isinstance(n, nodes.Const) and isinstance(n.value, str))
-                   for n in node.nodes)
-    if isinstance(node, nodes.If):
-        test = node.test.node if isinstance(node.test, nodes.Not) else node.test
-        return (isinstance(test, nodes.Name) and test.name == "add_generation_prompt"
-                and all(_depends_only_on_generation_prompt(n) for n in node.body + node.elif_ + node.else_))
-    return False
+    read = set()
+    for top in nodes_after:
+        if not isinstance(top, (nodes.Output, nodes.If)):
+            return None
+        for node in [top, *top.find_all(nodes.Node)]:
+            if type(node).__name__ not in _TAIL_NODES:
+                return None
+            if isinstance(node, nodes.Name):
+                if node.ctx != "load" or node.name in unsafe or node.name in _NOT_CONSTANT:
+                    return None
+                read.add(node.name)
+    return read
+
+
+def _unsafe_names(tree, loop: int) -> set[str]:
+    """Every name the template sets, loops over, imports or defines as a macro, except where it is
+    set only at its top level before its ``loop``-th top-level statement (see ``_tail_reads``)."""
+    from jinja2 import nodes
+
+    safe: set[int] = set()  # the ids of the Name nodes that assign at the top level before the loop
+    stack = list(tree.body[:loop])
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (nodes.Assign, nodes.AssignBlock)):
+            safe |= {id(n) for n in [node.target, *node.target.find_all(nodes.Name)] if isinstance(n, nodes.Name)}
+        elif isinstance(node, nodes.If):
+            stack += [*node.body, *node.elif_, *node.else_]
+    names = {n.name for n in tree.find_all(nodes.Name) if n.ctx in ("store", "param") and id(n) not in safe}
+    names |= {n.name for n in tree.find_all(nodes.Macro)}
+    names |= {n.target for n in tree.find_all(nodes.Import)}
+    for imported in tree.find_all(nodes.FromImport):
+        names |= {name if isinstance(name, str) else name[1] for name in imported.names}
+    return names
 
 
 def _watchable(environment, source: str) -> _Watch | None:
@@ -240,17 +258,19 @@ def _watchable(environment, source: str) -> _Watch | None:
     loops = [i for i, node in enumerate(tree.body) if isinstance(node, nodes.For)]
     if not loops:
         return None
-    loop, tail = tree.body[loops[-1]], tree.body[loops[-1] + 1 :]
+    loop, after = tree.body[loops[-1]], tree.body[loops[-1] + 1 :]
     if loop.else_ or loop.test is not None or loop.recursive:
         return None
-    if not all(_depends_only_on_generation_prompt(node) for node in tail):
+    reads = _tail_reads(after, _unsafe_names(tree, loops[-1]))
+    if reads is None:
         return None
-    tail_template = environment.from_string(nodes.Template(tail, lineno=1))
-    tails = {g: tail_template.render(add_generation_prompt=g) for g in (False, True)}
+    tail = environment.from_string(nodes.Template(after, lineno=1))
+    snapshot_globals(tail)
     loop.iter = nodes.Call(nodes.Name(WATCH, "load"), [loop.iter], [], None, None, lineno=loop.lineno)
     template = environment.from_string(tree)
-    _snapshot_globals(template)
-    return _Watch(template, tails, template.root_render_func.__code__.co_filename, LoopContext.__next__.__code__)
+    snapshot_globals(template)
+    return _Watch(template, tail, template.root_render_func.__code__.co_filename, LoopContext.__next__.__code__,
+                  frozenset(reads))
 
 
 def choose_template(tokenizer, variables: dict | None = None) -> ChatTemplate:
@@ -271,7 +291,7 @@ def choose_template(tokenizer, variables: dict | None = None) -> ChatTemplate:
         warnings.warn(f"rendering the chat template the reference way, every prefix on its own (slower): {exc}",
                       stacklevel=2)
         return reference
-    fast.prefix_renders = 0
+    fast.prefix_renders, fast.work = 0, Work()  # the probes' work is not the output's
     return fast
 
 
@@ -291,20 +311,37 @@ class OnePassTemplate(ChatTemplate):
     name = "one-pass"
 
     def __init__(self, tokenizer, variables: dict | None = None):
-        super().__init__(tokenizer, variables=variables)  # compiles the template, once, with _compile below
+        super().__init__(tokenizer, variables=variables)  # compiles the template, once
         try:
             self._watch = _watchable(self._compiled.environment, self.source)
         except Exception as exc:  # Jinja's internals are not what the watch relies on
             raise Unavailable(f"the installed Jinja differs from what the watch relies on: {exc!r}") from exc
         if self._watch is None:
             raise Unavailable("the template's shape does not allow it (its message loop is not the last "
-                              "top-level loop, or text after it depends on more than add_generation_prompt)")
+                              "top-level loop, or text after it depends on more than add_generation_prompt and "
+                              "variables the template never assigns)")
         # the variables every watched rendering gets besides its messages and tools
         self._variables = {"documents": None, "add_generation_prompt": False, WATCH: self._watch.loop, **self._special}
+        self._tails: dict[tuple, dict[bool, str] | None] = {}  # a rendering's state -> its tails (see _tail)
 
-    @staticmethod
-    def _compile(template: str):
-        return _compile(template)
+    def with_variables(self, extra: dict | None) -> "ChatTemplate":
+        clone = super().with_variables(extra)
+        if clone is not self:
+            clone._tails = {}  # the tail may read a template argument
+        return clone
+
+    def _tail(self, state: tuple) -> dict[bool, str] | None:
+        """The text after the message loop (see ``_tail_reads``) without and with the generation
+        prompt, for this copy's variables and a rendering's ``state`` (the values it set of the names
+        the tail reads); None where the tail fails on its own (then it vouches for no cut)."""
+        if state not in self._tails:
+            variables = {"documents": None, **self._special, **self.variables, **dict(state)}
+            try:
+                self._tails[state] = {g: self._watch.tail.render(**{**variables, "add_generation_prompt": g})
+                                      for g in (False, True)}
+            except Exception:
+                self._tails[state] = None
+        return self._tails[state]
 
     def render_with_prefixes(self, messages: list[dict], tools: list | None):
         """``render(messages)``, and a function ``prefix(n, g)`` equal to
@@ -312,20 +349,20 @@ class OnePassTemplate(ChatTemplate):
         vouches for it, rendered otherwise."""
         watch = self._watch
         if watch is None:
-            text, cuts = self.render(messages, tools), {}
+            text, cuts, tails = self.render(messages, tools), {}, None
         else:
-            text, cuts = self._render_watched(watch, messages, tools)
+            text, cuts, tails = self._render_watched(watch, messages, tools)
 
         def prefix(n: int, generation: bool) -> str:
             if n in cuts:
-                return text[: cuts[n]] + watch.tails[generation]
+                return text[: cuts[n]] + tails[generation]
             self.prefix_renders += 1
             return self.render(messages[:n], tools, generation)
 
         return text, prefix
 
-    def _render_watched(self, watch: _Watch, messages, tools) -> tuple[str, dict[int, int]]:
-        """The rendering and its cuts; no cuts where the loop's end could not be vouched for."""
+    def _render_watched(self, watch: _Watch, messages, tools) -> tuple[str, dict[int, int], dict | None]:
+        """The rendering, its cuts and its tails; no cuts where the loop's end could not be vouched for."""
         reads = _Reads()
         context = watch.template.new_context({"messages": _Messages(messages, reads), "tools": tools,
                                               **self._variables, **self.variables})
@@ -337,11 +374,14 @@ class OnePassTemplate(ChatTemplate):
         except Exception:
             text = self.render(messages, tools)  # a record the template rejects is rejected the reference way
             self._watch = None  # the template does something the stand-in refuses: stop watching it
-            return text, {}
+            return text, {}, None
         text = "".join(parts)  # what the plain template renders: the stand-in is faithful or raises
-        end = reads.cuts.get(len(messages))
-        if end is None or text[end:] != watch.tails[False]:
-            return text, {}
-        return text, reads.cuts
-
-
+        self.work.renders += 1
+        self.work.chars += len(text)
+        state = tuple(sorted((name, context.vars[name]) for name in watch.reads if name in context.vars))
+        if any(type(value) not in _IMMUTABLE for _, value in state):
+            return text, {}, None  # a namespace, say: the loop may have changed what the tail reads
+        end, tails = reads.cuts.get(len(messages)), self._tail(state)
+        if end is None or tails is None or text[end:] != tails[False]:
+            return text, {}, None
+        return text, reads.cuts, tails

@@ -259,3 +259,119 @@ def compile_template(template: str):
     environment.globals["dict"] = TemplateDict()
     environment.globals["namespace"] = TemplateNamespace
     return environment.from_string(template)
+
+
+def faster_sandbox(compiled):
+    """``compiled`` (from :func:`compile_template`) with the sandbox's attribute check memoised, its
+    ``getattr`` and ``call`` decided once per (type, name) for plain data, and its globals
+    snapshotted: the same checks, results and variables, made cheaper (rendering is most of the time
+    a template that renders every prefix takes).
+
+    The sandbox asks ``is_safe_attribute(obj, attr, value)`` on every attribute a template reads
+    (``loop.index0``, ``content.strip``...), which was half of all rendering time. For Jinja's
+    ``ImmutableSandboxedEnvironment`` the answer depends only on ``type(obj)`` and ``attr`` (the
+    checks are ``attr.startswith("_")``, ``isinstance`` tests of ``obj`` and a table keyed on
+    ``attr``; ``value`` is not read), so it is cached on that key: each check made once per type
+    and name, with the same verdict.
+    """
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    environment = compiled.environment
+    if type(environment).is_safe_attribute is ImmutableSandboxedEnvironment.is_safe_attribute:
+        check, verdicts = environment.is_safe_attribute, {}
+
+        def is_safe_attribute(obj, attr, value):
+            key = (type(obj), attr)
+            if key not in verdicts:
+                verdicts[key] = check(obj, attr, value)
+            return verdicts[key]
+
+        environment.is_safe_attribute = is_safe_attribute
+        if type(environment).getattr is ImmutableSandboxedEnvironment.getattr:
+            environment.getattr = _plain_getattr(environment)
+        if type(environment).call is ImmutableSandboxedEnvironment.call:
+            environment.call = _plain_call(environment)
+    snapshot_globals(compiled)
+    return compiled
+
+
+# types whose instances have no attributes of their own (no __dict__, no __getattr__): what an attribute of
+# one is, is decided by the type and the name alone
+_PLAIN = frozenset({str, dict, list, tuple, int, float, bool, type(None)})
+_ITEM, _VALUE, _FULL = 0, 1, 2  # how the sandbox's getattr ends for a (type, name)
+
+
+def _plain_getattr(environment):
+    """The sandbox's ``getattr`` (``message.content``, ``content.strip``), with what it decides for the
+    plain data types decided once per (type, name); the same result, without an AttributeError raised
+    and caught for every key of every message.
+
+    Jinja's ``SandboxedEnvironment.getattr`` tries ``getattr(obj, name)``; where that fails it returns
+    ``obj[name]`` (or undefined); else it wraps ``str.format``, and returns the value if
+    ``is_safe_attribute`` allows it. For an instance of a :data:`_PLAIN` type, ``getattr`` fails
+    exactly when the type has no such attribute, the value is a ``format`` method exactly when the
+    type's attribute is one, and ``is_safe_attribute`` depends on the type and the name only (see
+    ``_compile``): so those answers are taken once per (type, name), and anything else is left to
+    Jinja's own method.
+    """
+    full, plans = environment.getattr, {}
+    undefined = environment.undefined
+
+    def plan(obj, name: str) -> int:
+        kind = type(obj)
+        if not hasattr(kind, name):
+            return _ITEM
+        if getattr(getattr(kind, name), "__name__", None) in ("format", "format_map"):
+            return _FULL
+        return _VALUE if environment.is_safe_attribute(obj, name, getattr(obj, name)) else _FULL
+
+    def plain_getattr(obj, name):
+        kind = type(obj)
+        if kind not in _PLAIN or not isinstance(name, str):
+            return full(obj, name)
+        how = plans.get((kind, name))
+        if how is None:
+            how = plans[kind, name] = plan(obj, name)
+        if how == _ITEM:
+            try:
+                return obj[name]
+            except (TypeError, LookupError):
+                return undefined(obj=obj, name=name)
+        return getattr(obj, name) if how == _VALUE else full(obj, name)
+
+    return plain_getattr
+
+
+def _plain_call(environment):
+    """The sandbox's ``call``, with a method of plain data (``content.strip()``, ``text.split('</think>')``)
+    called at once: the same result as Jinja's, without its four attribute look-ups that fail.
+
+    Jinja's ``SandboxedEnvironment.call`` refuses a callable marked ``unsafe_callable`` or
+    ``alters_data``, then ``Context.call`` passes the context, eval context or environment to one
+    marked ``jinja_pass_arg`` (on it or its ``__call__``), drops ``_block_vars`` and ``_loop_vars``,
+    calls it, and turns a StopIteration into undefined. A built-in method bound to an instance of a
+    :data:`_PLAIN` type can carry no such mark (it has no ``__dict__``), and it was reached through
+    the sandbox's attribute check, so for it that is: drop those two keywords, call, catch.
+    """
+    import types
+
+    full, builtin = environment.call, types.BuiltinMethodType
+
+    def plain_call(context, obj, *args, **kwargs):
+        if type(obj) is not builtin or type(obj.__self__) not in _PLAIN:
+            return full(context, obj, *args, **kwargs)
+        kwargs.pop("_block_vars", None)
+        kwargs.pop("_loop_vars", None)
+        try:
+            return obj(*args, **kwargs)
+        except StopIteration:
+            return environment.undefined("value was undefined because a callable raised a StopIteration exception")
+
+    return plain_call
+
+
+def snapshot_globals(template) -> None:
+    """Give a compiled ``template`` its globals as a plain dict instead of Jinja's ``ChainMap`` over the
+    environment's: every rendering copies them into its context, and copying the ChainMap cost 5 µs
+    of the 20 µs a short conversation took. Nothing adds globals once a template is compiled."""
+    template.globals = dict(template.globals)

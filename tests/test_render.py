@@ -78,6 +78,13 @@ TEMPLATES = {
     "a tail that counts": (
         "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}<{{ m['role'] }}>{{ m['content'] }}"
         "{% endfor %}{% if add_generation_prompt %}<assistant {{ ns.n }}>{% endif %}", False),
+    "a tail that reads settings made before the loop": (
+        "{% if flag is not defined %}{% set flag = 'on' %}{% endif %}{% set first = messages[0]['role'] %}"
+        "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+        "{% if add_generation_prompt %}<assistant {{ flag }} {{ first }}>{% endif %}", True),
+    "a tail that reads a name the loop sets": (
+        "{% set last = 'none' %}{% for m in messages %}{% set last = m['role'] %}<{{ m['role'] }}>{{ m['content'] }}"
+        "{% endfor %}{% if add_generation_prompt %}<assistant {{ last }}>{% endif %}", False),
     "a tail that always writes": (
         "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}<EOS>"
         "{% if add_generation_prompt %}<assistant>{% endif %}", True),
