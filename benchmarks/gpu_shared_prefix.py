@@ -48,7 +48,8 @@ def prepare(args) -> None:
     sys.path.insert(0, os.path.join(REPO, "benchmarks"))
     from shared_prefix_tokens import MEDICAL, agentic  # noqa: E402
 
-    from packprep.normalize import FieldNames, Rejected, detect_format, fit_to_template, normalize
+    from packprep.normalize import FieldNames, Rejected, detect_format, normalize
+    from packprep.template_fit import fit_to_template
     from packprep.tokenization import ChatEncoder, Encoded, load_tokenizer
     from tests.template_folders import build_folder
 

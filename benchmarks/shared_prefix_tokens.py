@@ -22,7 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from packprep.normalize import FieldNames, Rejected, detect_format, fit_to_template, normalize  # noqa: E402
+from packprep.normalize import FieldNames, Rejected, detect_format, normalize  # noqa: E402
+from packprep.template_fit import fit_to_template  # noqa: E402
 from packprep.prefix_tree import bound, build_tree, check_tree  # noqa: E402
 from packprep.tokenization import ChatEncoder, Encoded, load_tokenizer  # noqa: E402
 

@@ -53,7 +53,8 @@ from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
 from .errors import ConfigError
-from .normalize import Conversation, Rejected, template_refusal
+from .normalize import Conversation, Rejected
+from .template_fit import template_refusal
 from .tokenizer_folder import RenderTooLong
 
 TURN_CONTEXTS = ("exact", "intact", "rendered")

@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from .layout import IGNORE_INDEX, ShardReader
-from .normalize import FieldNames, Policy, Rejected, detect_format, fit_to_template, normalize
+from .normalize import FieldNames, Policy, Rejected, detect_format, normalize
+from .template_fit import fit_to_template
 from .parts import stream_records
 from .read import STDIN, file_sha256, resolve_inputs, spool_stdin
 from .control_text import ControlText, render_record
