@@ -154,15 +154,3 @@ def token_sequences(tok, text: str, spans) -> list[tuple[list[int], list[int]]]:
         out.insert(0, (ids, labels))
         left = [k for k in left if k not in held]
     return out
-
-
-def token_labels(tok, text: str, spans) -> tuple[list[int], list[int]]:
-    """ids of ``text`` and labels: for each span, the tokens of ``text[:end]`` beyond those of ``text[:start]``."""
-    encode = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
-    ids = encode(text)
-    labels = [-100] * len(ids)
-    for start, end in spans:
-        before, after = encode(text[:start]), encode(text[:end])
-        assert ids[: len(after)] == after or end == len(text), "a trained end is a token boundary"
-        labels[len(before) : len(after)] = ids[len(before) : len(after)]
-    return ids, labels
