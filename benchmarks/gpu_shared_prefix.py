@@ -46,32 +46,23 @@ def prepare(args) -> None:
     from pathlib import Path
 
     sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-    from shared_prefix_tokens import MEDICAL, agentic  # noqa: E402
+    from shared_prefix_tokens import MEDICAL, agentic, encoded_records  # noqa: E402
 
-    from packprep.normalize import FieldNames, Rejected, detect_format, fit_to_template, normalize
-    from packprep.tokenization import ChatEncoder, Encoded, load_tokenizer
+    from packprep.tokenization import ChatEncoder, load_tokenizer
     from tests.template_folders import build_folder
 
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         encoder = ChatEncoder(load_tokenizer(str(build_folder(args.template, Path(tmp) / "tok"))), turn_context="exact")
-        policy = fit_to_template(encoder.template.render)
         medical = [json.loads(line) for line in MEDICAL.read_text(encoding="utf-8").splitlines() if line.strip()]
         for name, records in (("medical", medical[: args.medical]), ("agentic", agentic(args.agentic))):
-            conversations = []
-            for record in records:
-                try:
-                    conversations.append(normalize(record, detect_format(record), FieldNames(), policy))
-                except Rejected:
-                    pass
             ids, trained, seq_lens, seqs_per_record = [], [], [], []
-            for encoded in encoder.encode(conversations):
-                if isinstance(encoded, Encoded):
-                    seqs_per_record.append(len(encoded.sequences))
-                    for i, labels in encoded.sequences:
-                        ids.append(i)
-                        trained.append(labels != IGNORE)
-                        seq_lens.append(len(i))
+            for encoded in encoded_records(encoder, records):
+                seqs_per_record.append(len(encoded.sequences))
+                for i, labels in encoded.sequences:
+                    ids.append(i)
+                    trained.append(labels != IGNORE)
+                    seq_lens.append(len(i))
             out[f"{name}_ids"] = np.concatenate(ids).astype(np.int32)
             out[f"{name}_trained"] = np.concatenate(trained).astype(np.uint8)
             out[f"{name}_seq_lens"] = np.array(seq_lens, np.int64)

@@ -22,7 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from packprep.normalize import FieldNames, Rejected, detect_format, fit_to_template, normalize  # noqa: E402
+from packprep.normalize import FieldNames, Rejected, detect_format, normalize  # noqa: E402
+from packprep.template_fit import fit_to_template  # noqa: E402
 from packprep.prefix_tree import bound, build_tree, check_tree  # noqa: E402
 from packprep.tokenization import ChatEncoder, Encoded, load_tokenizer  # noqa: E402
 
@@ -62,8 +63,8 @@ def agentic(count: int, seed: int = 1) -> list[dict]:
     return records
 
 
-def measure(folder: str, records: list[dict]) -> dict:
-    encoder = ChatEncoder(load_tokenizer(folder), turn_context="exact")
+def encoded_records(encoder: ChatEncoder, records: list[dict]) -> list[Encoded]:
+    """The records fitted to the encoder's template as pack fits them, and encoded; rejected ones left out."""
     policy = fit_to_template(encoder.template.render)
     conversations = []
     for record in records:
@@ -71,10 +72,13 @@ def measure(folder: str, records: list[dict]) -> dict:
             conversations.append(normalize(record, detect_format(record), FieldNames(), policy))
         except Rejected:
             pass
+    return [encoded for encoded in encoder.encode(conversations) if isinstance(encoded, Encoded)]
+
+
+def measure(folder: str, records: list[dict]) -> dict:
+    encoder = ChatEncoder(load_tokenizer(folder), turn_context="exact")
     totals = dict(records=0, flat=0, tree=0, rendered=0, bound=0, branches=0, sequences=0, tree_seconds=0.0)
-    for encoded in encoder.encode(conversations):
-        if not isinstance(encoded, Encoded):
-            continue
+    for encoded in encoded_records(encoder, records):
         sequences = encoded.sequences
         started = time.perf_counter()
         tree = build_tree(sequences)

@@ -28,6 +28,7 @@ import numpy as np
 
 from .normalize import Conversation, Rejected
 from .render import Rendered, render_conversation
+from .tokenizer_folder import RenderTooLong
 
 MODES = ("text", "special")  # content spelling a control token: plain text (default), or the token
 
@@ -139,9 +140,12 @@ def render_record(template, conversation: Conversation, train_on: str, turn_cont
     def render(c: Conversation) -> Rendered:
         return render_conversation(template.with_variables(c.template_kwargs), c, train_on, turn_context)
 
-    if control is not None and control.spells(conversation, template.variables):
-        return control.render(render, conversation, template.variables)
-    return render(conversation)
+    try:
+        if control is not None and control.spells(conversation, template.variables):
+            return control.render(render, conversation, template.variables)
+        return render(conversation)
+    except RenderTooLong as exc:  # whichever rendering of the record met the limit
+        raise exc.rejected() from None
 
 
 def encode_with_markup(hf, rendered: Rendered, tokens: dict, post: tuple[list[int], list[int]]):

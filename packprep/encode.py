@@ -25,9 +25,10 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol
 
 from .errors import ConfigError, InputError
 from .ledger import Ledger, RecordFailure
-from .normalize import Conversation, FieldNames, Policy, Rejected, detect_format, fit_to_template, normalize
+from .normalize import Conversation, FieldNames, Policy, Rejected, detect_format, normalize
 from .parts import Part, first_records, read_part
 from .read import Record, Source
+from .template_fit import fit_to_template
 from .template_inputs import prepare_template
 from .tokenization import GUARD_CHARS, ChatEncoder, Encoded, load_tokenizer
 

@@ -8,6 +8,7 @@ import json
 import os
 from collections import Counter
 
+from .errors import spell
 from .fates import PACKED, REJECTED
 from .normalize import Conversation, Rejected
 from .read import Record
@@ -105,7 +106,10 @@ class Ledger:
         })
 
     def write(self, entry: dict) -> None:
-        """Write one numbered rejection to rejects.jsonl (the driver's ledger); keep the first of each reason."""
+        """Write one numbered rejection to rejects.jsonl (the driver's ledger); keep the first of each reason.
+        Its reason names settings as the caller spells them: ``--max-len`` from the CLI, ``max_len`` from
+        Python (errors.spell; a worker process cannot tell who called, the driver can)."""
+        entry["reason"] = spell(entry["reason"])
         self.examples.setdefault(entry["code"], entry)
         if self._handle is not None:
             self._handle.write(json.dumps(entry, ensure_ascii=False) + "\n")

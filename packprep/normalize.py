@@ -31,7 +31,7 @@ each conversation, and each counts what it changed (``Conversation.changes``; th
     ``{"name", "arguments"}``, so that it is still trained (earlier turns keep their calls out of
     the text, as the template renders them at inference); ``--tool-calls reject`` sets such a
     record aside. For a template that has no ``tool`` role (Llama-2, Mistral v0.1), tool results
-    become user messages. Decided once per template by :func:`fit_to_template`.
+    become user messages. Decided once per template by :func:`packprep.template_fit.fit_to_template`.
 ``roles_mapped``
     OpenAI's ``developer``, ``ipython`` and ``function`` roles go to the template as they are
     unless it refuses them (raises); where it does, as ``system`` (developer) or ``tool``, counted.
@@ -51,7 +51,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
-from typing import Any, Callable
+from typing import Any
 
 from .assistant_turns import ARGUMENTS_TEXT, GIVEN, REASONING_FIELDS, place_reasoning, shape_calls, with_reasoning
 from .errors import ConfigError, Rejected
@@ -116,7 +116,7 @@ class Policy:
     """How conversations are fitted to training and to the chat template (module docstring).
 
     ``system``, ``tool_calls``, ``tool_results``, ``call_content``, ``call_arguments`` and
-    ``reasoning_field`` are what :func:`fit_to_template` decides for one template:
+    ``reasoning_field`` are what :func:`~packprep.template_fit.fit_to_template` decides for one template:
     ``keep``/``fold``, ``native``/``text``, ``tool``/``user``, ``empty``/``null``/``none`` (the
     content of a message with tool calls: "" for none, None for none, None with text beside dropped), ``object``/``string``, the fields it reads reasoning from
     (none: ``reasoning`` says what is done with it) and the roles of :data:`OWN_ROLES` it renders.
@@ -436,116 +436,6 @@ def changes_text(changes: dict[str, int], turns_not_located: int) -> str:
     done = [_CHANGE_TEXT[name].format(n=f"{changes[name]:,}") for name in CHANGES if changes.get(name)]
     return (f"turns: {'; '.join(done) or 'none dropped, merged or converted'}; "
             f"{turns_not_located:,} assistant turns left untrained (turns_not_located)")
-
-
-_PROBE = "\u2063packprep-probe\u2063"  # a text no template writes by itself
-
-
-def fit_to_template(render: Callable[[list, list | None, bool], str], leading_assistant: str = "drop",
-                    consecutive: str = "merge", system: str = "auto", reasoning: str = "inline",
-                    tool_calls: str = "text") -> Policy:
-    """The :class:`Policy` for a chat template, decided from what ``render(messages, tools,
-    add_generation_prompt)`` does with small probe conversations: whether it renders a system
-    message, an assistant's ``tool_calls`` (and with which content and arguments), a ``tool``
-    message, OpenAI's developer/ipython/function roles, and reasoning (under which fields); each:
-    renders without error and shows the probe text. Tool probes are given a tools list: a template
-    may render calls only when tools are declared."""
-    def shows(messages, tools=None, generation=False) -> bool:
-        try:
-            return _PROBE in render(messages, tools, generation)
-        except Rejected:
-            return False
-
-    user, reply = {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}
-    tools = [{"type": "function", "function": {"name": "probe", "description": "probe",  # not the probe text:
-                                               "parameters": {"type": "object", "properties": {}}}}]  # it shows
-    if system == "auto":
-        # a template may write the system prompt into the last user turn only (Mistral Nemo): in the context
-        system = "keep" if shows([{"role": "system", "content": _PROBE}, user, reply]) or shows(
-            [{"role": "system", "content": _PROBE}, user], None, True) else "fold"
-    calls, content, arguments, call = "text", "empty", "object", reply
-    for arguments_value in ({}, "{}"):
-        probes = {empty: {"role": "assistant", "content": empty,  # an id as Mistral's templates require: 9 characters
-                          "tool_calls": [{"id": "probe0001", "type": "function",
-                                          "function": {"name": _PROBE, "arguments": arguments_value}}]}
-                  for empty in (None, "")}
-        shown = [empty for empty, probe in probes.items() if shows([user, probe], tools) or shows([user, probe])]
-        if shown:  # None, OpenAI's spelling of no text beside the calls, where the template takes it
-            calls, call = "native", probes[shown[-1]]
-            content = "empty" if shown == [""] else "null" if len(shown) == 2 else "none"
-            arguments = "object" if arguments_value == {} else "string"
-            if content == "null" and not shows([user, probes[None], {"role": "tool", "tool_call_id": "probe0001",
-                                                                      "content": "r"}, {**reply, "content": _PROBE}], tools):
-                content = "empty"  # None only where the template also renders what follows the call
-            if content == "null" and _prints_none(render, [user, probes[None]], [user, probes[""]], tools):
-                content = "empty"  # a template that writes None as the text "None" would train the model to write it
-            break
-
-    if calls == "native":  # the call of the results' probe, without the probe text
-        call = {**call, "tool_calls": [{**call["tool_calls"][0], "function": {"name": "probe", "arguments":
-                                                                            call["tool_calls"][0]["function"]["arguments"]}}]}
-
-    def result(role: str) -> list:
-        return [user, call, {"role": role, "tool_call_id": "probe0001", "name": "probe", "content": _PROBE}, reply]
-
-    results = "tool" if shows(result("tool"), tools) or shows(result("tool")) else "user"
-    def renders(messages, tools=None) -> bool:
-        try:
-            render(messages, tools, False)
-            return True
-        except Rejected:
-            return False
-
-    # passed as they are unless the template refuses them: what it does with them at inference
-    roles = tuple(role for role in OWN_ROLES if renders([{"role": role, "content": _PROBE}, user, reply]
-                                                        if role == "developer" else result(role), tools))
-    # a template may write reasoning only in some turns: beside tool calls (gpt-oss keeps a call's
-    # analysis), or in replies after the first; it reads a field if it writes it in any
-    def reads(name: str) -> bool:
-        thought = {**reply, name: _PROBE}
-        return (shows([user, thought]) or shows([user, reply, user, thought]) or shows([user, thought, user, reply])
-                or (calls == "native" and shows([user, {**call, name: _PROBE}], tools)))
-
-    fields = tuple(name for name in REASONING_FIELDS if reads(name))
-    return Policy(leading_assistant=leading_assistant, consecutive=consecutive, system=system, tool_calls=calls,
-                  tool_results=results, reasoning=reasoning, call_content=content, call_arguments=arguments,
-                  reasoning_fields=fields, roles=roles, unrendered_calls=tool_calls)
-
-
-def _prints_none(render, with_none: list, with_empty: list, tools) -> bool:
-    """Whether the template writes a tool-calling message's None content as the text "None"."""
-    try:
-        return "None" in render(with_none, tools, False) and "None" not in render(with_empty, tools, False)
-    except Rejected:
-        return False
-
-
-def template_refusal(messages: list[dict], error: Exception) -> str:
-    """Why a template refused a conversation, in the record's terms, with the option that helps.
-
-    The template's own words are quoted only when its author wrote them (``raise_exception``);
-    an error from inside the template's code ("list object has no element 0") is not.
-    """
-    own = str(error).strip().splitlines()[0] if type(error).__name__ == "TemplateError" and str(error).strip() else None
-    roles = [m["role"] for m in messages]
-    head = 1 if roles[:1] == ["system"] else 0
-    if not roles[head:]:
-        what = "a conversation with no user or assistant message"
-    elif roles[head] != "user":
-        what = (f"a conversation that starts with a {roles[head]!r} turn "
-                "(--leading-assistant drop removes turns before the first user turn)")
-    elif any(a == b and a in ("user", "assistant") for a, b in zip(roles, roles[1:])):
-        i = next(i for i, (a, b) in enumerate(zip(roles, roles[1:])) if a == b and a in ("user", "assistant"))
-        what = f"two {roles[i]!r} turns in a row, messages {i} and {i + 1} (--consecutive merge joins them)"
-    elif "system" in roles[1:]:
-        what = f"a system message at position {roles.index('system', 1)}, after the first turn"
-    elif "tool" in roles or any(m.get("tool_calls") for m in messages):
-        what = "tool calls or tool results, which this template may not support (use a tokenizer whose template does)"
-    elif head:
-        what = "a system message (--system fold puts it into the first user message)"
-    else:
-        what = f"the roles {', '.join(roles[:12])}{'...' if len(roles) > 12 else ''}"
-    return f"the chat template cannot render {what}" + (f"; the template says: {own}" if own else "")
 
 
 def _alpaca(record: dict) -> Conversation:

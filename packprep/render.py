@@ -53,7 +53,8 @@ from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
 from .errors import ConfigError
-from .normalize import Conversation, Rejected, template_refusal
+from .normalize import Conversation, Rejected
+from .template_fit import template_refusal
 from .tokenizer_folder import RenderTooLong
 
 TURN_CONTEXTS = ("exact", "intact", "rendered")
@@ -166,7 +167,7 @@ class ChatTemplate:
             work.renders += 1
             work.chars += len(text)
             return text
-        except Rejected:  # the record's own fault, said already (a rendering past its size limit)
+        except RenderTooLong:  # the record's own size, not the template's refusal: the encoder says so
             raise
         except Exception as exc:  # jinja raise_exception, TemplateError, TypeError from bad data
             rejected = Rejected(template_refusal(messages, exc), "template_error")
@@ -390,8 +391,6 @@ def render_conversation(template: ChatTemplate, conversation: Conversation, trai
     for k in assistant_turns:
         try:
             pairs[k] = prefix(k, True), rendered_with(k)
-        except RenderTooLong:  # the record's own fault, not the template's refusal of this turn
-            raise
         except Rejected as exc:  # the definition cannot be evaluated for this turn: not located
             not_located, refused = not_located + 1, refused or (k, getattr(exc, "template_error", exc))
     if full is not None and all(after.startswith(before) and full.startswith(after) for before, after in pairs.values()):

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from .errors import ConfigError, InputError
+from .errors import ConfigError, InputError, spell
 from .fates import DROPPED, EMPTIED, PACKED, REJECTED, TRUNCATED, UNSAMPLED
 from .layout import IGNORE_INDEX, ShardReader, list_column
 from .ledger import Ledger
@@ -309,6 +310,7 @@ def rebuild_ledger(tmp: Path, folder: Path, old: dict, config, stored: Stored, f
     ledger.status = _status(old, stored, fates, kept(fates), config, entries)
     ledger.reasons = Counter(entry["code"] for entry in entries)
     for entry in entries:  # in input order, as pack meets them: each reason's first example
+        entry["reason"] = spell(entry["reason"])  # the ones written here, in the caller's terms
         ledger.examples.setdefault(entry["code"], entry)
     ledger.changes = Counter(old["counts"].get("normalized") or {})
     ledger.turns_not_located = old["counts"].get("turns_not_located", 0)
@@ -340,9 +342,9 @@ def _rejects(folder: Path, old: dict, config, stored: Stored, fates: np.ndarray)
     entries = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()] if path.is_file() else []
     before, after = int(old["config"]["max_len"]), config.max_len
     if after < before:
-        for entry in entries:
+        for entry in entries:  # written by a CLI or a Python caller (ledger.py)
             if entry["code"] == "overlong":
-                entry["reason"] = entry["reason"].replace(f"--max-len {before}", f"--max-len {after}")
+                entry["reason"] = re.sub(rf"(--max-len|max_len) {before}\b", rf"\g<1> {after}", entry["reason"])
     starts = np.concatenate([[0], np.cumsum([i["records"] for i in old["inputs"]])])
     for item in np.flatnonzero((fates == DROPPED) | (fates == EMPTIED)).tolist():
         record, n = int(stored.records[item]), int(stored.lengths[item])

@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from .layout import IGNORE_INDEX, ShardReader
-from .normalize import FieldNames, Policy, Rejected, detect_format, fit_to_template, normalize
+from .normalize import FieldNames, Policy, Rejected, detect_format, normalize
+from .template_fit import fit_to_template
 from .parts import stream_records
 from .read import STDIN, file_sha256, resolve_inputs, spool_stdin
 from .control_text import ControlText, render_record
@@ -181,8 +182,11 @@ def _sequences(rendered: Rendered, tokenizer, turn_context: str) -> list[tuple[n
         return [_labelled(rendered, tokenizer)]
 
     def encode(ranges):
-        return [_labelled(Rendered(rendered.text[a:b], [], markup=None if rendered.markup is None else
-                                   [(x - a, y - a) for x, y in rendered.markup if a <= x and y <= b]), tokenizer)[0]
+        if rendered.markup is None:  # one call of the batch API: the same ids, the texts tokenized in parallel
+            texts = [rendered.text[a:b] for a, b in ranges]
+            return [np.asarray(ids, np.int64) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+        return [_labelled(Rendered(rendered.text[a:b], [], markup=[(x - a, y - a) for x, y in rendered.markup
+                                                                   if a <= x and y <= b]), tokenizer)[0]
                 for a, b in ranges]
 
     sequences, _, _ = exact_sequences(len(rendered.text), rendered.spans, encode, turn_context)

@@ -20,6 +20,7 @@ from .control_text import ControlText, encode_with_markup, first_tokens, render_
 from .errors import ConfigError, PackprepError
 from .layout import IGNORE_INDEX
 from .timelimit import RenderTimeout, time_limit
+from .tokenizer_folder import RenderTooLong
 from .normalize import Conversation, Rejected
 from .render import Rendered, template_source
 from .turn_ids import exact_sequences
@@ -154,6 +155,11 @@ class ChatEncoder:
             raise ConfigError(f"the chat template of {name} did not finish rendering a two-message probe "
                               f"conversation in {self.render_timeout:g} s (--render-timeout): it may loop without "
                               "end; fix the template or pass a tokenizer with another") from None
+        except RenderTooLong as exc:  # every record would be rejected: the template or the run's variables
+            name = getattr(self.tokenizer, "name_or_path", "the tokenizer")
+            raise ConfigError(f"{str(exc).replace('the chat template', f'the chat template of {name}')} for a "
+                              "probe conversation of a few words, so it would for every record; fix the template "
+                              "or the values given to it (--template-arg)") from None
 
     @property
     def _backend(self):

@@ -168,12 +168,18 @@ def _content(value):
 RENDERED_CHARS = 1 << 26  # characters one rendering may write (67M, 6x --max-record-chars: GBs of memory past it)
 
 
-class RenderTooLong(Rejected):
-    """A rendering past :data:`RENDERED_CHARS`: the record is rejected, the run goes on."""
+class RenderTooLong(Exception):
+    """A rendering past :data:`RENDERED_CHARS`. Not a :class:`Rejected`: where a rendering is refused
+    (a prefix, a probe of the history), render.py takes a turn as not located, but this is the record's
+    own size, whichever rendering meets it; it passes through to the encoder, which rejects the record
+    (:meth:`rejected`), or, at a start-up probe, stops the run."""
 
     def __init__(self):
-        super().__init__(f"the chat template renders more than {RENDERED_CHARS:,} characters for this record; "
-                         "it is rejected (rendering on would take GBs of memory)", "render_too_long")
+        super().__init__(f"the chat template renders more than {RENDERED_CHARS:,} characters")
+
+    def rejected(self) -> Rejected:
+        return Rejected(f"{self} for this record; it is rejected (rendering on would take GBs of memory)",
+                        "render_too_long")
 
 
 def compile_template(template: str):

@@ -13,8 +13,9 @@ import json
 
 import pytest
 
-from packprep.normalize import Policy, Rejected, fit_to_template, normalize
+from packprep.normalize import Policy, Rejected, normalize
 from packprep.render import ChatTemplate
+from packprep.template_fit import fit_to_template
 from packprep.template_inputs import template_variables
 from packprep.tokenization import load_tokenizer
 

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 import packprep
 from packprep.cli import main
 from packprep.errors import EXIT_CONFIG, EXIT_VERIFY, ConfigError
+from packprep.pipeline import repack
 
 from .conftest import EXAMPLE_CHATS, EXAMPLE_TOKENIZER
 
@@ -113,6 +114,34 @@ def test_library_errors_name_arguments_and_the_cli_names_options(packed):
         packprep.pack([str(EXAMPLE_CHATS)], packed.parent / "new", tokenizer=str(EXAMPLE_TOKENIZER), max_len=1)
     result = run("pack", EXAMPLE_CHATS, "-t", EXAMPLE_TOKENIZER, "-o", packed, "--max-len", 1)
     assert "--max-len must be between" in result.output
+
+
+def test_reject_reasons_name_arguments_from_python_and_options_from_the_cli(tmp_path):
+    """rejects.jsonl and the manifest's examples name settings as the caller does, as errors do; repack's
+    too, where it says the new length in a reason the folder holds."""
+    lead = {"conversations": [{"from": "gpt", "value": "Hi."}, {"from": "human", "value": "Q?"},
+                              {"from": "gpt", "value": "A."}]}
+    data = tmp_path / "chats.jsonl"
+    data.write_text(json.dumps(lead) + "\n" + EXAMPLE_CHATS.read_text())
+
+    def reasons(folder: Path) -> dict[str, str]:
+        lines = (folder / "rejects.jsonl").read_text().splitlines()
+        return {entry["code"]: entry["reason"] for entry in map(json.loads, lines)}
+
+    manifest = packprep.pack(str(data), str(tmp_path / "lib"), str(EXAMPLE_TOKENIZER), max_len=400, overlong="drop",
+                             leading_assistant="reject", num_proc=1)
+    said = reasons(tmp_path / "lib")
+    assert 'leading_assistant="drop" removes them' in said["leading_assistant"]
+    assert 'longer than max_len 400 (overlong="drop")' in said["overlong"]
+    assert "--" not in json.dumps([said, manifest["counts"]["top_rejections"]])
+    repack(tmp_path / "lib", tmp_path / "shorter", max_len=300, num_proc=1)
+    assert "longer than max_len 300" in reasons(tmp_path / "shorter")["overlong"]
+    result = run("pack", data, "-t", EXAMPLE_TOKENIZER, "--max-len", 400, "--overlong", "drop", "--leading-assistant",
+                 "reject", "-o", tmp_path / "cli", "-q", "--num-proc", 1)
+    assert result.exit_code == 0, result.output
+    said = reasons(tmp_path / "cli")
+    assert "--leading-assistant drop removes them" in said["leading_assistant"]
+    assert "longer than --max-len 400 (--overlong drop)" in said["overlong"]
 
 
 def test_pack_refuses_to_overwrite(packed):

@@ -13,7 +13,8 @@ import json
 
 import pytest
 
-from packprep.normalize import FieldNames, Rejected, detect_format, fit_to_template, normalize
+from packprep.normalize import FieldNames, Rejected, detect_format, normalize
+from packprep.template_fit import fit_to_template
 from packprep.tokenization import ChatEncoder, Encoded, load_tokenizer
 
 from .conftest import EXAMPLE_TOKENIZER

@@ -291,6 +291,35 @@ def test_a_template_that_renders_gigabytes_rejects_the_record(tmp_path):
     assert packprep.verify(out).ok
 
 
+CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+          "'<|im_end|>\\n' }}{% endfor %}")
+
+
+def test_a_rendering_too_long_in_a_probe_of_the_history_rejects_the_record(tmp_path):
+    """Not only the whole rendering: where a template rewrites the turn (a generation prompt that opens
+    <think>), the definition also renders the turn's history alone, and a rendering that meets the limit
+    there is the record's size too (render_too_long), not a turn the template leaves unlocated."""
+    tok = tokenizer_template(tmp_path, named=CHATML + "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n"
+                             "<think>\\n' }}{% elif messages|length == 1 and messages[0]['content'] == 'boom' %}"
+                             "{{ 'x' * 10**10 }}{% endif %}")
+    out = tmp_path / "out"
+    assert_clean_exit(invoke(*pack_args(chats(tmp_path, "hi", "boom", "there"), out, "-t", tok)), 0)
+    [reject] = read_rejects(out)
+    assert (reject["line"], reject["code"]) == (2, "render_too_long")
+    assert json.loads((out / "packprep.json").read_text())["counts"]["packed"] == 2
+
+
+def test_a_template_that_renders_gigabytes_for_its_probes_stops_the_run_at_once(tmp_path):
+    """Run-wide values (--template-arg) that make every rendering too long: refused before any work."""
+    tok = tokenizer_template(tmp_path, "{% if boom is defined %}{{ 'x' * boom }}{% endif %}")
+    out = tmp_path / "out"
+    result = invoke(*pack_args(chats(tmp_path, "hi"), out, "-t", tok, "--template-arg", "boom=10000000000"))
+    assert_clean_exit(result, 2)
+    assert (f"the chat template of {tok} renders more than 67,108,864 characters for a probe conversation of a "
+            "few words") in " ".join(result.output.split())
+    assert_nothing_left(tmp_path, out)
+
+
 def test_a_mixture_file_that_is_no_regular_file_is_refused(tmp_path):
     fifo = tmp_path / "mix.yaml"
     os.mkfifo(fifo)  # reading it would wait for a writer forever

@@ -15,8 +15,9 @@ from __future__ import annotations
 import pytest
 from jinja2 import TemplateError
 
-from packprep.normalize import Conversation, FieldNames, Policy, Rejected, detect_format, fit_to_template, normalize
+from packprep.normalize import Conversation, FieldNames, Policy, Rejected, detect_format, normalize
 from packprep.read import read_records, resolve_inputs
+from packprep.template_fit import fit_to_template
 from packprep.tokenization import ChatEncoder, Encoded, load_tokenizer
 
 from .conftest import CONVERSATIONS, fixture_tokenizer, needs_fixtures

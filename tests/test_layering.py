@@ -1,7 +1,8 @@
 """The modules of packprep import in one direction: no import cycle among them (lazy imports inside
 functions count, ``if TYPE_CHECKING:`` ones do not), and the steps of the pipeline import neither
 ``engines``, ``verification`` nor ``pipeline``: ``pipeline.py`` is the one place that runs stages on an
-engine, and each step offers a planner and the functions its workers run."""
+engine, and each step offers a planner and the functions its workers run. And no module is longer than
+600 lines: one that is holds more than one idea."""
 
 import ast
 import importlib
@@ -11,7 +12,7 @@ from pathlib import Path
 import packprep
 
 PACKAGE = Path(__file__).resolve().parent.parent / "packprep"
-STEPS = {"read", "parts", "json_scan", "normalize", "render", "render_onepass", "tokenization", "turn_ids", "tiktoken_backend", "tiktoken_convert", "tokenizer_folder",
+STEPS = {"read", "parts", "json_scan", "normalize", "template_fit", "render", "render_onepass", "tokenization", "turn_ids", "tiktoken_backend", "tiktoken_convert", "tokenizer_folder",
          "encode", "ledger", "plan", "repack", "packing", "packing_kernels", "materialize", "write", "join", "layout", "layouts"}
 NOT_FROM_STEPS = {"engines", "verification", "pipeline"}
 
@@ -163,3 +164,14 @@ def test_settings_are_checked_in_one_place():
     assert len(_refusals("packprep.settings")) >= 5  # the scan sees them where they are
     elsewhere = [where for name in MODULES if name != "packprep.settings" for where in _refusals(name)]
     assert elsewhere == []
+
+
+MAX_LINES = 600
+
+
+def test_every_module_is_at_most_600_lines():
+    """A module past 600 lines holds more than one idea: split it by idea (``template_fit.py`` out of
+    ``normalize.py``), not by cutting it in two."""
+    long = {name: n for name, path in MODULES.items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert len(MODULES) > 50 and max(len(p.read_text().splitlines()) for p in MODULES.values()) > 400  # it sees them
+    assert long == {}, f"modules over {MAX_LINES} lines: {long}"

@@ -11,8 +11,9 @@ import json
 
 import pytest
 
-from packprep.normalize import (ROLES, Conversation, FieldNames, Policy, Rejected, detect_format, fit_to_template,
-                                load_schema, normalize)
+from packprep.normalize import (ROLES, Conversation, FieldNames, Policy, Rejected, detect_format, load_schema,
+                                normalize)
+from packprep.template_fit import fit_to_template
 from packprep.tokenization import ChatEncoder, Encoded, load_tokenizer
 
 from .conftest import CONVERSATIONS, fixture_tokenizer, needs_fixtures, slow_but

@@ -7,7 +7,9 @@ packed with ``--preference chosen``, and the KTO demo's literal ``</s>`` is text
 Llama-2 (with ``--content-special-tokens special`` the shards equal 777d603's). Re-captured again
 for the token-exact definition: no shard changed; the manifest and card gained the ``tool_calls``
 setting and the ``roles_mapped`` and ``reasoning_trained`` counts, and the unknown-role rejection
-lists ``developer`` among the known roles.
+lists ``developer`` among the known roles. And once more when reject reasons came to name settings as
+the caller spells them: packed from Python here, the fixtures' rejects.jsonl, manifest and card say
+``max_len 1024``, not ``--max-len 1024``; no shard changed.
 
 Paths of the inputs and the output are replaced by placeholders before hashing. To re-capture after
 an intended change of output: ``PYTHONPATH=. python tests/test_output_bytes.py --write``.

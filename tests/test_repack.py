@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -20,13 +19,13 @@ from packprep.pipeline import repack
 from .conftest import CONVERSATIONS, EXAMPLE_TOKENIZER, needs_fixtures
 
 
-
-def _example_tokenizer_writing_tool_calls() -> str:
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory) -> str:
     """The example tokenizer with a template that writes tool calls. The example's own writes content only,
     so each glaive tool call would be text in its trained turn alone and its record several sequences,
     which repack refuses (their order within the record is not stored); here each record is one."""
-    folder = Path(tempfile.mkdtemp(prefix="packprep-repack-tokenizer-"))
-    shutil.copytree(EXAMPLE_TOKENIZER, folder, dirs_exist_ok=True)
+    folder = tmp_path_factory.mktemp("repack") / "tokenizer"
+    shutil.copytree(EXAMPLE_TOKENIZER, folder)
     config = json.loads((folder / "tokenizer_config.json").read_text())
     config["chat_template"] = (
         "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + (message['content'] or '') }}"
@@ -37,7 +36,6 @@ def _example_tokenizer_writing_tool_calls() -> str:
     return str(folder)
 
 
-TOKENIZER = _example_tokenizer_writing_tool_calls()
 INPUTS = [str(CONVERSATIONS / "llamafactory_glaive_toolcall_en_demo.json"),
           str(CONVERSATIONS / "fastchat_dummy_conversation.json")]
 BASE_LEN = 16384  # longer than every fixture conversation here: nothing is cut at it
@@ -53,9 +51,9 @@ def without_record(files: dict[str, bytes]) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory):
+def base(tmp_path_factory, tokenizer):
     out = tmp_path_factory.mktemp("repack") / "base"
-    manifest = packprep.pack(INPUTS, str(out), TOKENIZER, max_len=BASE_LEN, num_proc=1)
+    manifest = packprep.pack(INPUTS, str(out), tokenizer, max_len=BASE_LEN, num_proc=1)
     assert manifest["counts"]["truncated"] == 0
     return out
 
@@ -63,11 +61,11 @@ def base(tmp_path_factory):
 @needs_fixtures
 @pytest.mark.parametrize("max_len", [BASE_LEN, 1024])  # 1024 truncates some sequences: as pack does at 1024
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_repack_equals_pack_byte_for_byte(base, tmp_path, strategy, max_len):
+def test_repack_equals_pack_byte_for_byte(tokenizer, base, tmp_path, strategy, max_len):
     settings = dict(max_len=max_len, strategy=strategy, seed=7, row_order="input" if strategy == "bfd" else "shuffle",
                     samples_per_row=4 if strategy == "minibatch" else None)
     packed, repacked = tmp_path / "packed", tmp_path / "repacked"
-    manifest = packprep.pack(INPUTS, str(packed), TOKENIZER, num_proc=1, **settings)
+    manifest = packprep.pack(INPUTS, str(packed), tokenizer, num_proc=1, **settings)
     if max_len == 1024:
         assert manifest["counts"]["truncated"] > 0  # the case where repack cuts what it reads
     repack(base, repacked, num_proc=1, **settings)
@@ -79,14 +77,14 @@ def test_repack_equals_pack_byte_for_byte(base, tmp_path, strategy, max_len):
 
 @needs_fixtures
 @pytest.mark.parametrize("overlong, shard_format", [("truncate", "parquet"), ("drop", "arrow")])
-def test_repack_on_several_workers_equals_pack(tmp_path, overlong, shard_format):
+def test_repack_on_several_workers_equals_pack(tokenizer, tmp_path, overlong, shard_format):
     """Both passes over the stored shards run on the workers, a run of row groups (record batches) a
     task, each task writing its records' tokens into its own byte ranges of the token files: with many
     shards (many tasks), two workers, and records cut or dropped at the new length, still pack's bytes."""
     common = dict(overlong=overlong, shard_format=shard_format, shard_size="40KB", num_proc=2)
-    old = packprep.pack(INPUTS, str(tmp_path / "old"), TOKENIZER, max_len=BASE_LEN, **common)
+    old = packprep.pack(INPUTS, str(tmp_path / "old"), tokenizer, max_len=BASE_LEN, **common)
     assert len(old["shards"]) >= 8
-    packed = packprep.pack(INPUTS, str(tmp_path / "packed"), TOKENIZER, max_len=1024, strategy="bfd", **common)
+    packed = packprep.pack(INPUTS, str(tmp_path / "packed"), tokenizer, max_len=1024, strategy="bfd", **common)
     assert packed["counts"]["truncated" if overlong == "truncate" else "rejected"] > 0
     repack(tmp_path / "old", tmp_path / "repacked", max_len=1024, strategy="bfd", num_proc=2)
     ours, theirs = files(tmp_path / "repacked"), files(tmp_path / "packed")
@@ -101,36 +99,35 @@ def test_repack_on_several_workers_equals_pack(tmp_path, overlong, shard_format)
 
 
 @needs_fixtures
-def test_repack_into_and_from_another_layout_equals_pack(base, tmp_path):
-    packprep.pack(INPUTS, str(tmp_path / "packed"), TOKENIZER, max_len=2048, layout="trl", num_proc=1)
+def test_repack_into_and_from_another_layout_equals_pack(tokenizer, base, tmp_path):
+    packprep.pack(INPUTS, str(tmp_path / "packed"), tokenizer, max_len=2048, layout="trl", num_proc=1)
     repack(base, tmp_path / "repacked", max_len=2048, layout="trl", num_proc=1)
     assert files(tmp_path / "repacked") == files(tmp_path / "packed")
     repack(tmp_path / "repacked", tmp_path / "again", num_proc=1)  # every setting, the layout too, is the folder's
     assert files(tmp_path / "again") == files(tmp_path / "packed")
-    packprep.pack(INPUTS, str(tmp_path / "packed-bfd"), TOKENIZER, max_len=2048, strategy="bfd", num_proc=1)
+    packprep.pack(INPUTS, str(tmp_path / "packed-bfd"), tokenizer, max_len=2048, strategy="bfd", num_proc=1)
     repack(tmp_path / "packed", tmp_path / "from-trl", strategy="bfd", layout="packprep", num_proc=1)  # trl read back
     assert files(tmp_path / "from-trl") == files(tmp_path / "packed-bfd")
 
 
 @needs_fixtures
-@needs_fixtures
-def test_repack_of_a_mixture_that_leaves_records_out_equals_pack(tmp_path):
+def test_repack_of_a_mixture_that_leaves_records_out_equals_pack(tokenizer, tmp_path):
     """Records a weight below 1 leaves out are in no shard: repack counts them unsampled, as pack did."""
     mix = tmp_path / "mix.json"
     mix.write_text(json.dumps([{"path": INPUTS[0], "weight": 0.5}, {"path": INPUTS[1], "share": 0.3}]))
-    packprep.pack([], str(tmp_path / "old"), TOKENIZER, max_len=BASE_LEN, num_proc=1, mix=str(mix))
+    packprep.pack([], str(tmp_path / "old"), tokenizer, max_len=BASE_LEN, num_proc=1, mix=str(mix))
     assert json.loads((tmp_path / "old" / "packprep.json").read_text())["counts"]["unsampled"] > 0
-    packprep.pack([], str(tmp_path / "packed"), TOKENIZER, max_len=BASE_LEN, strategy="bfd", num_proc=1, mix=str(mix))
+    packprep.pack([], str(tmp_path / "packed"), tokenizer, max_len=BASE_LEN, strategy="bfd", num_proc=1, mix=str(mix))
     repack(tmp_path / "old", tmp_path / "repacked", strategy="bfd", num_proc=1)
     assert files(tmp_path / "repacked") == files(tmp_path / "packed")
 
 
-def test_repack_of_a_mixture_and_validation_split_equals_pack(tmp_path):
+def test_repack_of_a_mixture_and_validation_split_equals_pack(tokenizer, tmp_path):
     mix = tmp_path / "mix.json"
     mix.write_text(json.dumps([{"path": INPUTS[0], "weight": 1.5}, {"path": INPUTS[1], "share": 0.4}]))
     common = dict(mix=str(mix), validation_size=0.1, seed=5)
-    packprep.pack([], str(tmp_path / "old"), TOKENIZER, max_len=BASE_LEN, num_proc=1, **common)
-    packprep.pack([], str(tmp_path / "packed"), TOKENIZER, max_len=8192, strategy="bfd", num_proc=1, **common)
+    packprep.pack([], str(tmp_path / "old"), tokenizer, max_len=BASE_LEN, num_proc=1, **common)
+    packprep.pack([], str(tmp_path / "packed"), tokenizer, max_len=8192, strategy="bfd", num_proc=1, **common)
     repack(tmp_path / "old", tmp_path / "repacked", max_len=8192, strategy="bfd", num_proc=1)
     assert files(tmp_path / "repacked") == files(tmp_path / "packed")
     with pytest.raises(ConfigError, match="drawn with seed 5"):
@@ -143,9 +140,9 @@ def test_repack_of_a_mixture_and_validation_split_equals_pack(tmp_path):
 
 
 @needs_fixtures
-def test_repack_refuses_truncated_sequences_at_a_longer_length(tmp_path):
+def test_repack_refuses_truncated_sequences_at_a_longer_length(tokenizer, tmp_path):
     short = tmp_path / "short"
-    manifest = packprep.pack(INPUTS, str(short), TOKENIZER, max_len=512, num_proc=1)
+    manifest = packprep.pack(INPUTS, str(short), tokenizer, max_len=512, num_proc=1)
     truncated = manifest["counts"]["truncated"]
     assert truncated > 0
     result = CliRunner().invoke(main, ["repack", str(short), "-o", str(tmp_path / "long"), "--max-len", "2048", "-q"])
@@ -164,17 +161,17 @@ def test_repack_refuses_truncated_sequences_at_a_longer_length(tmp_path):
 
 
 @needs_fixtures
-def test_repack_refuses_split_sequences(tmp_path):
+def test_repack_refuses_split_sequences(tokenizer, tmp_path):
     split = tmp_path / "split"
-    manifest = packprep.pack(INPUTS, str(split), TOKENIZER, max_len=512, overlong="split", num_proc=1)
+    manifest = packprep.pack(INPUTS, str(split), tokenizer, max_len=512, overlong="split", num_proc=1)
     assert manifest["counts"]["split"] > 0
     with pytest.raises(ConfigError, match="split into pieces"):
         repack(split, tmp_path / "out", max_len=1024)
     assert not (tmp_path / "out").exists()
 
 
-def test_repack_refuses_what_it_cannot_change(tmp_path):
+def test_repack_refuses_what_it_cannot_change(tokenizer, tmp_path):
     out = tmp_path / "out"
-    packprep.pack(str(EXAMPLE_TOKENIZER.parent / "chats.jsonl"), str(out), TOKENIZER, max_len=1024, num_proc=1)
+    packprep.pack(str(EXAMPLE_TOKENIZER.parent / "chats.jsonl"), str(out), tokenizer, max_len=1024, num_proc=1)
     with pytest.raises(ConfigError, match="cannot change train_on"):
         repack(out, tmp_path / "again", train_on="all")

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from packprep.layout import IGNORE_INDEX
-from packprep.normalize import FieldNames, detect_format, fit_to_template, normalize
+from packprep.normalize import FieldNames, detect_format, normalize
 from packprep.prefix_tree import TreeRow, bound, build_tree, check_tree, locate, paths
+from packprep.template_fit import fit_to_template
 from packprep.tokenization import ChatEncoder, load_tokenizer
 
 from .conftest import needs_fixtures

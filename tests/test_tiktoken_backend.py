@@ -334,15 +334,28 @@ CORRUPTIONS = {
 }
 
 
+@pytest.fixture(scope="module")
+def good_cache(tmp_path_factory):
+    """A copy of the Llama-3 tokenizer folder and the cache its first run leaves (the converted ranks and
+    the verified record), made once: each case corrupts its own copy of the cache."""
+    root = tmp_path_factory.mktemp("tiktoken-good-cache")
+    folder, cache = root / "llama3", root / "cache"
+    shutil.copytree(fixture_tokenizer("llama3"), folder)
+    cache.mkdir()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PACKPREP_CACHE", str(cache))
+        ChatEncoder(load_tokenizer(str(folder)))
+    return folder, cache
+
+
 @needs_fixtures
 @pytest.mark.parametrize("corruption", list(CORRUPTIONS))
-def test_a_corrupt_or_stale_cache_is_not_trusted(tmp_path, monkeypatch, corruption):
+def test_a_corrupt_or_stale_cache_is_not_trusted(tmp_path, monkeypatch, corruption, good_cache):
     """Whatever is wrong with the cache, the run takes the full path (HF, a fresh conversion, the
     guards), gets HF's ids, and leaves a good cache behind."""
+    folder, good = good_cache
+    shutil.copytree(good, tmp_path, dirs_exist_ok=True)
     monkeypatch.setenv("PACKPREP_CACHE", str(tmp_path))
-    folder = tmp_path / "llama3"
-    shutil.copytree(fixture_tokenizer("llama3"), folder)
-    ChatEncoder(load_tokenizer(str(folder)))
     [ranks] = tmp_path.glob("tiktoken-ranks-*")
     [record] = tmp_path.glob("tiktoken-verified-*")
     CORRUPTIONS[corruption](ranks, record)

@@ -14,8 +14,9 @@ import json
 import pytest
 
 import packprep
-from packprep.normalize import FieldNames, Rejected, detect_format, fit_to_template, normalize
+from packprep.normalize import FieldNames, Rejected, detect_format, normalize
 from packprep.render import ChatTemplate, probe_shape
+from packprep.template_fit import fit_to_template
 from packprep.tokenization import ChatEncoder, Encoded, load_tokenizer
 
 from .conftest import EXAMPLE_TOKENIZER, fixture_tokenizer, needs_fixtures, slow_but

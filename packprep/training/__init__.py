@@ -38,7 +38,8 @@ Everything that needs ``torch`` lives in this package; ``import packprep`` never
               raises ``PackingIsolationError`` naming the cause. ``check_isolation(model)``: the
               model alone, on two random sequences.
 ``tree``      ``collate_tree(rows)`` + ``register_tree_attention()``: shared-prefix rows
-              (``pack --shared-prefix``) through a FlexAttention mask read from ``tree_descendants``.
+              (``pack --shared-prefix``) through a FlexAttention mask read from ``tree_descendants``;
+              ``tree_check``: what ``check_pipeline`` checks of such rows (every root-to-leaf path alone).
 ``order``     ``check_order(loader_or_trainer, data)``: warns (``BalanceOrderWarning``) when the sampler
               would not read rows packed with ``--balance-dp`` in the order they were balanced for.
 """

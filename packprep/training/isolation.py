@@ -18,21 +18,12 @@ from ..layout import IGNORE_INDEX
 from .collate import collate_packed
 from .layers import describe, layer_type_of, stateful_layers
 from .order import check_order
-from .tree import TREE_ATTENTION_NAME, TREE_COLUMN, collate_tree, refuse_context_parallel, refuse_model
-
-
-class PackingIsolationError(RuntimeError):
-    """A packed sequence's logits differ from the same sequence run alone."""
+from .parity import PackingIsolationError, logits_of, model_dtype, tolerance
+from .tree import TREE_COLUMN, refuse_context_parallel
+from .tree_check import check_tree_batch
 
 
 _PACKING_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
-
-
-def _model_dtype(model) -> torch.dtype:
-    for p in model.parameters():
-        if p.is_floating_point():
-            return p.dtype
-    return torch.float32
 
 
 def _attn_impl(model) -> str:
@@ -70,7 +61,7 @@ def check_isolation(
         vocab_size = int(getattr(text_cfg, "vocab_size"))
     if device is None:
         device = next(model.parameters()).device
-    dtype = _model_dtype(model)
+    dtype = model_dtype(model)
     probe = _Probe(model, device, vocab_size, lengths, seed, via_collator)
     extra = dict(forward_kwargs or {})
     was_training = model.training
@@ -78,9 +69,7 @@ def check_isolation(
     try:
         with torch.no_grad():
             diffs, scale = probe.measure(extra)
-            tol = atol
-            if tol is None:
-                tol = 1e-3 if dtype in (torch.float32, torch.float64) else max(0.25, 0.05 * scale)
+            tol = tolerance(dtype, scale, atol)
             if max(diffs) <= tol:
                 return {"max_abs_diff": diffs, "tolerance": tol, "attn_implementation": _attn_impl(model)}
             impl = _attn_impl(model)
@@ -187,12 +176,6 @@ def _cause(probe: _Probe, extra: dict, tol: float, impl) -> str:
 
 def _on(batch: Mapping[str, Any], device) -> dict:
     return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
-
-
-def _tolerance(dtype: torch.dtype, scale: float, atol: float | None) -> float:
-    if atol is not None:
-        return atol
-    return 1e-3 if dtype in (torch.float32, torch.float64) else max(0.25, 0.05 * scale)
 
 
 def locate_sequences(dataset, input_ids) -> list[tuple[int, int]]:
@@ -397,17 +380,17 @@ def _compare(model, batch: Mapping[str, Any], truth: Mapping[str, np.ndarray], d
                                     "or rewrote the tokens); feed rows as they are stored")
     if len(got_ids) < len(ids):
         raise PackingIsolationError(head + _truncated(len(ids), len(got_ids)))
-    dtype = _model_dtype(model)
+    dtype = model_dtype(model)
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
-            logits = _logits(_refusing_forward(model, batch, head))
-            alone = [_logits(model(input_ids=torch.as_tensor(ids[a : a + m], device=device)[None],
+            logits = logits_of(_refusing_forward(model, batch, head))
+            alone = [logits_of(model(input_ids=torch.as_tensor(ids[a : a + m], device=device)[None],
                                    position_ids=torch.arange(m, device=device)[None], use_cache=False))
                      for a, m in zip(starts.tolist(), seq_lens.tolist())]
             diffs = [float((logits[a : a + m] - one).abs().max()) for a, m, one in zip(starts, seq_lens, alone)]
-            tol = _tolerance(dtype, max(float(one.abs().max()) for one in alone), atol)
+            tol = tolerance(dtype, max(float(one.abs().max()) for one in alone), atol)
             if max(diffs) > tol:
                 cause = _leak_cause(model, batch, starts, len(ids), dropped, tol, alone)
                 raise PackingIsolationError(
@@ -438,11 +421,6 @@ def _compare(model, batch: Mapping[str, Any], truth: Mapping[str, np.ndarray], d
             "loss_packed": packed_loss, "loss_alone": alone_loss}
 
 
-def _logits(out) -> torch.Tensor:
-    logits = out.logits if hasattr(out, "logits") else out[0]
-    return logits.reshape(-1, logits.shape[-1]).float()
-
-
 def _leak_cause(model, batch, starts, n_tokens, dropped, tol, alone) -> str:
     """Why the batch leaks, named from what it carries (and, for the KV cache, by re-running without one)."""
     boundary = f"the row's sequences start at tokens {starts.tolist()}"
@@ -469,7 +447,7 @@ def _leak_cause(model, batch, starts, n_tokens, dropped, tol, alone) -> str:
                 "row 0..n-1; TRL does so when the seq_lengths column is missing)." + lost +
                 " Use collate_packed, or the `trl` layout with TRL's padding_free=True.")
     if batch.get("use_cache") is not False and getattr(getattr(model, "config", None), "use_cache", False):
-        retry = _logits(model(**{**batch, "use_cache": False}))
+        retry = logits_of(model(**{**batch, "use_cache": False}))
         if max(float((retry[a : a + len(one)] - one).abs().max()) for a, one in zip(starts, alone)) <= tol:
             return ("A KV cache: use_cache is True (model.config.use_cache defaults to True, also in training), and "
                     "transformers skips its packed-sequence detection when a cache exists. Set "
@@ -535,7 +513,7 @@ def _first_leaking_part(model, packed: Mapping[str, Any], alone: Sequence[Mappin
     finally:
         for handle in handles:
             handle.remove()
-    strict = _model_dtype(model) in (torch.float32, torch.float64)
+    strict = model_dtype(model) in (torch.float32, torch.float64)
     for key, (out, *_) in packed_out.items():  # in the order the parts ran
         outs = seen.get(key, [])
         for (a, m), one in zip(spans, outs if len(outs) == len(spans) else []):
@@ -560,59 +538,3 @@ def _layer_cause(model, packed, alone, spans) -> str | None:
                        "this model on padded rows (packprep.training.collate_padded, `packprep pack --strategy pad`).")
     return what + ("Call packprep.training.register_packed_layers(model) before training, and feed batches that carry "
                    "the boundaries (collate_packed, or TRL's padding_free=True: cu_seq_lens_q and seq_idx).")
-
-
-def check_tree_batch(model, batch: Mapping[str, Any], truth: Mapping[str, Any], dropped: Sequence[str],
-                     atol: float | None = None, max_paths: int = 16) -> dict:
-    """``check_pipeline`` for a shared-prefix row: the batch the user's pipeline made from it must
-    carry the row's columns as stored, reach the tree attention, and give each root-to-leaf path's
-    logits equal to that path run alone as one plain sequence (the first ``max_paths`` paths)."""
-    from ..prefix_tree import TreeRow, paths_indices
-
-    head = "shared-prefix rows are NOT read as trees in this pipeline: "
-    if batch.get(TREE_COLUMN) is None:
-        lost = (f" The stack dropped the columns {list(dropped)} before the collator: pass "
-                "TrainingArguments(remove_unused_columns=False)." if dropped else "")
-        raise PackingIsolationError(
-            head + "the batch carries no tree_descendants, so the row is read as ordinary packed sequences and every "
-            "branch attends to its siblings. Collate with packprep.training.collate_tree." + lost)
-    impl = getattr(model.config, "_attn_implementation", None)
-    if impl != TREE_ATTENTION_NAME:
-        raise PackingIsolationError(head + f"attn_implementation is {impl!r}, which ignores tree_descendants; load the "
-                                    "model with attn_implementation=register_tree_attention()")
-    refuse_model(model)
-    device = next(model.parameters()).device
-    n = len(truth["input_ids"])
-    for name in ("input_ids", "labels", "position_ids", TREE_COLUMN):
-        if not np.array_equal(_flat(batch[name][0])[:n], _flat(truth[name])):
-            raise PackingIsolationError(head + f"the batch's {name} are not the stored row's; feed rows as they are stored")
-    row = TreeRow(*(np.asarray(truth[c]) for c in ("input_ids", "labels", "position_ids", TREE_COLUMN)))
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items() if k != "labels"}
-            logits = _logits(model(**moved))
-            diffs, largest = [], 0.0
-            for chain in paths_indices(row)[:max_paths]:
-                m = len(chain)
-                alone = collate_tree({"input_ids": row.input_ids[chain], "labels": np.full(m, IGNORE_INDEX),
-                                      "position_ids": np.arange(m), TREE_COLUMN: np.arange(m)[::-1].copy()})
-                one = _logits(model(**{k: (v.to(device) if isinstance(v, torch.Tensor) else v)
-                                       for k, v in alone.items() if k != "labels"}))
-                diffs.append(float((logits[torch.as_tensor(chain, device=device)] - one).abs().max()))
-                largest = max(largest, float(one.abs().max()))
-    finally:
-        if was_training:
-            model.train()
-    tol = _tolerance(_model_dtype(model), largest, atol)
-    if max(diffs) > tol:
-        raise PackingIsolationError(head + f"a path's logits differ from the path run alone by {max(diffs):.3g} "
-                                    f"(tolerance {tol:.3g})")
-    return {"max_abs_diff": max(diffs), "tolerance": tol, "paths": len(diffs), "tokens": n}
-
-
-def _flat(x) -> np.ndarray:
-    if isinstance(x, torch.Tensor):
-        x = x.detach().cpu().numpy()
-    return np.asarray(x, dtype=np.int64).reshape(-1)
