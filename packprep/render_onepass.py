@@ -35,7 +35,8 @@ from dataclasses import dataclass
 
 from .normalize import Conversation, Rejected
 from .render import ChatTemplate, Work, render_conversation
-from .tokenizer_folder import snapshot_globals
+from . import tokenizer_folder
+from .tokenizer_folder import RenderTooLong, snapshot_globals
 
 WATCH = "__packprep_watch"  # the name under which the rewritten template's message loop calls the watch
 # Conversations on which the accelerator must agree with the reference before it is used.
@@ -371,6 +372,10 @@ class OnePassTemplate(ChatTemplate):
             for part in watch.template.root_render_func(context):
                 parts.append(part)
                 reads.written += len(part)
+                if reads.written > tokenizer_folder.RENDERED_CHARS:  # the reference's bound (its Environment.concat)
+                    raise RenderTooLong()
+        except RenderTooLong:  # the record's size: the encoder rejects it; the watch stays on
+            raise
         except Exception:
             text = self.render(messages, tools)  # a record the template rejects is rejected the reference way
             self._watch = None  # the template does something the stand-in refuses: stop watching it

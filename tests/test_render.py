@@ -18,6 +18,7 @@ from packprep.normalize import Conversation, Rejected
 from packprep.render import ChatTemplate
 from packprep.render_onepass import OnePassTemplate, choose_template
 from packprep.tokenization import ChatEncoder, load_tokenizer
+from packprep.tokenizer_folder import RenderTooLong
 
 from .conftest import EXAMPLE_CHATS, EXAMPLE_TOKENIZER, fixture_tokenizer, needs_fixtures
 from .conftest import FIXTURES
@@ -217,6 +218,20 @@ def test_the_one_pass_accelerator_runs_with_the_installed_jinja(name):
     OnePassTemplate(tok)  # raises Unavailable, saying why, where it cannot be built
     encoder = ChatEncoder(tok, backend="hf")
     assert isinstance(encoder.template, OnePassTemplate) and encoder.template.name == "one-pass"
+
+
+def test_the_one_pass_rendering_stops_at_the_size_limit():
+    """A loop that writes a message over and over (no single big string for the sandbox's ``*`` check)
+    meets the size limit in the watched rendering as in the reference's, before the whole text is in
+    memory: with nested loops it would be gigabytes."""
+    tok = load_tokenizer(str(EXAMPLE_TOKENIZER))
+    tok.chat_template = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' }}"
+                         "{% for i in range(copies) %}{{ message['content'] }}{% endfor %}{{ '<|im_end|>\\n' }}"
+                         "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+    messages = [{"role": "user", "content": "y" * 1000}, {"role": "assistant", "content": "ok"}]
+    assert len(OnePassTemplate(tok, {"copies": 2}).render_with_prefixes(messages, None)[0]) == 2065
+    with pytest.raises(RenderTooLong):  # 100M characters, 1,000 at a time
+        OnePassTemplate(tok, {"copies": 99_999}).render_with_prefixes(messages, None)
 
 
 def _pack(tmp_path, name):
