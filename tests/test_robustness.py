@@ -210,6 +210,37 @@ def test_sigkill_leaves_no_worker_running_or_writing(tmp_path):
     assert not (tmp_path / "written").exists()
 
 
+INTERRUPTED_CONSUMER = """
+import atexit, os, sys, time
+from packprep.engines import LocalEngine
+
+def echo(context, item):
+    time.sleep(0.01)
+    return item
+
+def stage():  # its frame, and the stage's results in it, live on in the stop's traceback
+    results = LocalEngine(2).map(echo, None, range(100))
+    for done in results:
+        if done == 3:  # a stop in the code that uses a stage's results, not in the stage's own wait
+            raise KeyboardInterrupt
+
+try:
+    stage()
+except KeyboardInterrupt:  # as the packprep program exits on a stop: exit handlers, then at once
+    atexit._run_exitfuncs()
+    print("exited", flush=True)
+    os._exit(130)
+"""
+
+
+def test_a_stop_between_a_stages_results_does_not_hang_the_exit():
+    """While the stopped frames live, the stage's pool is open; multiprocessing's exit handler joins
+    its workers, which wait for tasks forever, unless the pool's workers are ended first."""
+    proc = subprocess.run([sys.executable, "-c", INTERRUPTED_CONSUMER], capture_output=True, text=True, env=ENV,
+                          timeout=30)
+    assert (proc.returncode, proc.stdout) == (130, "exited\n"), proc.stderr
+
+
 def test_sigint_exits_with_a_clean_message_and_leaves_nothing(tmp_path, big_input):
     out = tmp_path / "out"
     proc = start_pack(big_input, out)

@@ -11,8 +11,10 @@ pipeline picks one and hands its stages to :meth:`Engine.map`.
 
 from __future__ import annotations
 
+import atexit
 import gc
 import multiprocessing
+import multiprocessing.util  # its exit handler, which joins child processes, is registered on import: before ours
 import os
 import threading
 import time
@@ -94,6 +96,21 @@ def _exit_with_parent(parent: int) -> None:
     threading.Thread(target=watch, name="packprep-parent-watch", daemon=True).start()
 
 
+_OPEN: set["ForkedWorkers"] = set()  # pools not closed yet
+
+
+def end_workers() -> None:
+    """End the workers of every pool still open. A stop that lands in the code consuming a stage's
+    results, not in the stage's own wait, leaves the stage's pool open for as long as the stopped frames
+    live (the traceback holds them); multiprocessing's exit handler then joins the pool's workers, which
+    wait for tasks forever, and the stopped run never exits. Runs at exit, before that handler."""
+    for pool in list(_OPEN):
+        pool.close(stop=True)
+
+
+atexit.register(end_workers)  # atexit runs its handlers last registered first
+
+
 class ForkedWorkers:
     """``workers`` processes forked from this one for one stage, after its ``context`` is set: they
     inherit it (a loaded tokenizer, a token store's index) instead of receiving it pickled. A
@@ -112,6 +129,7 @@ class ForkedWorkers:
         gc.freeze()  # the parent's objects stay out of the workers' collections: fewer copy-on-write pages
         self.pool = ProcessPoolExecutor(workers, multiprocessing.get_context("fork"),
                                         initializer=_exit_with_parent, initargs=(os.getpid(),))
+        _OPEN.add(self)
 
     def submit(self, fn: Callable[[Any, Any], Any], item: Any) -> Future:
         with stops_held():  # the workers are forked on the first submit
@@ -121,6 +139,7 @@ class ForkedWorkers:
         """Cancel the tasks not started and wait for the running ones (``stop``: end them now, the run
         was interrupted): none runs after this."""
         global _CONTEXT
+        _OPEN.discard(self)
         try:
             if stop:
                 for process in list((getattr(self.pool, "_processes", None) or {}).values()):
