@@ -33,6 +33,7 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from tests.template_folders import ZOO_NAMES, build_zoo_folder, zoo_template  # noqa: E402
+from tests.zoo_shapes import exchanges  # noqa: E402
 
 TURNS = (2, 8, 32, 64)
 # what in a template's source reads ahead of the message being rendered (for the reader of the table)
@@ -44,14 +45,6 @@ READS_AHEAD = {
     "loop.nextitem / index+1": r"loop\.nextitem|loop\.index0?\s*\+\s*1\s*\]",
     "loop over indices or a list of its own": r"for\s+\w+\s+in\s+range\(|for\s+\w+\s+in\s+(?!messages\b)\w+\s*%}",
 }
-
-
-def chat(turns: int) -> list[dict]:
-    messages = [{"role": "system", "content": "Be brief."}]
-    for i in range(turns):
-        messages += [{"role": "user", "content": f"Question {i}: " + "why? " * (i % 5 + 1)},
-                     {"role": "assistant", "content": f"Answer {i}. " + "Because. " * (i % 7 + 1)}]
-    return messages
 
 
 def census(name: str, folder: str) -> dict:
@@ -76,19 +69,19 @@ def census(name: str, folder: str) -> dict:
     row["reads_ahead"] = [what for what, pattern in READS_AHEAD.items() if re.search(pattern, source)]
     row["renders"], row["chars"] = [], []
     for turns in TURNS:
-        conversation = Conversation(messages=chat(turns))
+        conversation = Conversation(messages=exchanges(turns))
         try:
             encoder.render(conversation)  # probes the template's shape once: not this record's work
         except Rejected as exc:
             row["rejected"] = exc.code
             break
-        before_renders, before_prefixes = template.work.renders, template.prefix_renders
+        before_renders, before_prefixes = template.work.renders, template.work.prefixes
         before_chars = template.work.chars
         encoder.render(conversation)
         row["renders"].append(template.work.renders - before_renders)
         row["chars"].append(template.work.chars - before_chars)
         if turns == 8:
-            row["own_prefixes_at_8"] = template.prefix_renders - before_prefixes
+            row["own_prefixes_at_8"] = template.work.prefixes - before_prefixes
     return row
 
 

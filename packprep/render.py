@@ -90,6 +90,13 @@ class Work:
 
     renders: int = 0  # template renderings
     chars: int = 0  # characters they output
+    prefixes: int = 0  # of those, prefixes rendered on their own (not cut out of a conversation's one rendering)
+
+    def add(self, text: str) -> str:
+        """Count one rendering, ``text``; return it."""
+        self.renders += 1
+        self.chars += len(text)
+        return text
 
 
 class Turn(NamedTuple):
@@ -125,7 +132,6 @@ class ChatTemplate:
         self._transformers = transformers
         self._compiled = self._compile(template) if template and not transformers else None
         self._shape: Shape | None = None
-        self.prefix_renders = 0  # prefixes rendered on their own
         self.work = Work()
 
     @staticmethod
@@ -159,14 +165,10 @@ class ChatTemplate:
                                                  add_generation_prompt=add_generation_prompt, **self._special,
                                                  **variables)
                 return texts[0]
-            text = self._compiled.render(
+            return self.work.add(self._compiled.render(
                 messages=messages, tools=tools, documents=None, add_generation_prompt=add_generation_prompt,
                 **self._special, **self.variables,
-            )
-            work = self.work
-            work.renders += 1
-            work.chars += len(text)
-            return text
+            ))
         except RenderTooLong:  # the record's own size, not the template's refusal: the encoder says so
             raise
         except Exception as exc:  # jinja raise_exception, TemplateError, TypeError from bad data
@@ -189,7 +191,7 @@ class ChatTemplate:
         text = self.render(messages, tools)
 
         def prefix(n: int, generation: bool) -> str:
-            self.prefix_renders += 1
+            self.work.prefixes += 1
             return self.render(messages[:n], tools, generation)
 
         return text, prefix
@@ -383,7 +385,7 @@ def render_conversation(template: ChatTemplate, conversation: Conversation, trai
         """``render(messages[:k+1])`` with message k in its trained form."""
         if k not in trained:
             return full if k == len(messages) - 1 and full is not None else prefix(k + 1, False)
-        template.prefix_renders += 1
+        template.work.prefixes += 1
         return template.render(messages[:k] + [trained[k]], conversation.tools)
 
     pairs: dict[int, tuple[str, str]] = {}  # k -> (context, rendering of messages[:k+1])
@@ -426,7 +428,7 @@ def render_conversation(template: ChatTemplate, conversation: Conversation, trai
 def _own_prefixes(template: ChatTemplate, messages: list[dict], tools: list | None) -> Callable[[int, bool], str]:
     """``prefix(n, g)``: ``render(messages[:n], add_generation_prompt=g)``, each rendered on its own."""
     def prefix(n: int, generation: bool) -> str:
-        template.prefix_renders += 1
+        template.work.prefixes += 1
         return template.render(messages[:n], tools, generation)
 
     return prefix

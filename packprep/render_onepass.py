@@ -35,8 +35,7 @@ from dataclasses import dataclass
 
 from .normalize import Conversation, Rejected
 from .render import ChatTemplate, Work, render_conversation
-from . import tokenizer_folder
-from .tokenizer_folder import RenderTooLong, snapshot_globals
+from .tokenizer_folder import RENDERED_CHARS, RenderTooLong, snapshot_globals
 
 WATCH = "__packprep_watch"  # the name under which the rewritten template's message loop calls the watch
 # Conversations on which the accelerator must agree with the reference before it is used.
@@ -292,7 +291,7 @@ def choose_template(tokenizer, variables: dict | None = None) -> ChatTemplate:
         warnings.warn(f"rendering the chat template the reference way, every prefix on its own (slower): {exc}",
                       stacklevel=2)
         return reference
-    fast.prefix_renders, fast.work = 0, Work()  # the probes' work is not the output's
+    fast.work = Work()  # the probes' work is not the output's
     return fast
 
 
@@ -357,7 +356,7 @@ class OnePassTemplate(ChatTemplate):
         def prefix(n: int, generation: bool) -> str:
             if n in cuts:
                 return text[: cuts[n]] + tails[generation]
-            self.prefix_renders += 1
+            self.work.prefixes += 1
             return self.render(messages[:n], tools, generation)
 
         return text, prefix
@@ -372,7 +371,7 @@ class OnePassTemplate(ChatTemplate):
             for part in watch.template.root_render_func(context):
                 parts.append(part)
                 reads.written += len(part)
-                if reads.written > tokenizer_folder.RENDERED_CHARS:  # the reference's bound (its Environment.concat)
+                if reads.written > RENDERED_CHARS:  # the reference's bound (its Environment.concat)
                     raise RenderTooLong()
         except RenderTooLong:  # the record's size: the encoder rejects it; the watch stays on
             raise
@@ -380,9 +379,7 @@ class OnePassTemplate(ChatTemplate):
             text = self.render(messages, tools)  # a record the template rejects is rejected the reference way
             self._watch = None  # the template does something the stand-in refuses: stop watching it
             return text, {}, None
-        text = "".join(parts)  # what the plain template renders: the stand-in is faithful or raises
-        self.work.renders += 1
-        self.work.chars += len(text)
+        text = self.work.add("".join(parts))  # what the plain template renders: the stand-in is faithful or raises
         state = tuple(sorted((name, context.vars[name]) for name in watch.reads if name in context.vars))
         if any(type(value) not in _IMMUTABLE for _, value in state):
             return text, {}, None  # a namespace, say: the loop may have changed what the tail reads

@@ -317,8 +317,8 @@ def _plain_getattr(environment):
     ``is_safe_attribute`` allows it. For an instance of a :data:`_PLAIN` type, ``getattr`` fails
     exactly when the type has no such attribute, the value is a ``format`` method exactly when the
     type's attribute is one, and ``is_safe_attribute`` depends on the type and the name only (see
-    ``_compile``): so those answers are taken once per (type, name), and anything else is left to
-    Jinja's own method.
+    :func:`faster_sandbox`): so those answers are taken once per (type, name), and anything else is
+    left to Jinja's own method.
     """
     full, plans = environment.getattr, {}
     undefined = environment.undefined

@@ -176,7 +176,7 @@ def test_the_watch_cuts_exactly_where_it_can_vouch(tok, name):
     messages = [{"role": r, "content": f"{r} {i}"} for i, r in enumerate(["system", "user", "assistant", "user", "assistant",
                                                                         "user", "assistant"])]
     assert_agrees(ours(encoder, messages), reference(tok, messages))
-    assert (encoder.template.prefix_renders == 0) == vouches
+    assert (encoder.template.work.prefixes == 0) == vouches
 
 
 @needs_fixtures
@@ -187,7 +187,7 @@ def test_real_templates_render_each_conversation_once(tokenizer_name):
     convs = [c for name in FILES for c in conversations(name)]
     rendered = 0
     for conversation in convs:
-        before = encoder.template.prefix_renders
+        before = encoder.template.work.prefixes
         try:
             encoder.render(conversation)
             rendered += 1
@@ -196,11 +196,11 @@ def test_real_templates_render_each_conversation_once(tokenizer_name):
         try:
             encoder.template.render(conversation.messages, conversation.tools)
         except Rejected:  # refused whole (Mistral: roles that do not alternate): each prefix is rendered on its own
-            encoder.template.prefix_renders = before
+            encoder.template.work.prefixes = before
     tool_turns = sum(1 for c in convs for m in c.messages if m["role"] == "tool")
     assert rendered > 500
     # qwen2.5 peeks ahead (loop.last) after tool messages only; no other template ever looks ahead
-    assert encoder.template.prefix_renders <= (tool_turns if tokenizer_name == "qwen2.5" else 0)
+    assert encoder.template.work.prefixes <= (tool_turns if tokenizer_name == "qwen2.5" else 0)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from packprep.render_onepass import OnePassTemplate
 from packprep.tokenization import ChatEncoder, load_tokenizer
 
 from .conftest import needs_fixtures, slow_but
+from .zoo_shapes import exchanges
 
 TURNS = (2, 8, 32, 64)
 LINEAR = ["phi-3.5-mini", "llama-3.1", "llama-3.2"]  # one rendering a conversation
@@ -39,14 +40,6 @@ LINEAR = ["phi-3.5-mini", "llama-3.1", "llama-3.2"]  # one rendering a conversat
 # (QwQ and DeepSeek-R1 also render the history before each turn: their rendering of a turn does not
 # extend its context, render.inference_turn)
 QUADRATIC = {"qwen3": 2, "qwq": 3, "deepseek-r1-distill-qwen": 3, "mistral-v3": 2}
-
-
-def _chat(turns: int) -> list[dict]:
-    messages = [{"role": "system", "content": "Be brief."}]
-    for i in range(turns):
-        messages += [{"role": "user", "content": f"Question {i}: " + "why? " * (i % 5 + 1)},
-                     {"role": "assistant", "content": f"Answer {i}. " + "Because. " * (i % 7 + 1)}]
-    return messages
 
 
 def _outcome(render):
@@ -66,7 +59,7 @@ def _work(name: str, template_folder, compare_up_to: int = 8) -> tuple[list[int]
     assert isinstance(encoder.template, OnePassTemplate) or name not in LINEAR, name
     work, renders, chars = encoder.template.work, [], []
     for turns in TURNS:
-        conversation = Conversation(messages=_chat(turns))
+        conversation = Conversation(messages=exchanges(turns))
         encoder.render(conversation)  # the first rendering also probes the template's shape, once
         before = work.renders, work.chars
         got = _outcome(lambda: encoder.render(conversation))

@@ -52,6 +52,17 @@ def _chat(rng, turns=3):
     return out
 
 
+def exchanges(turns: int) -> list[dict]:
+    """A system prompt and ``turns`` exchanges of short chat, each text a little different: the
+    conversation that rendering work is measured on as it grows (tests/test_render_work.py,
+    benchmarks/onepass_census.py)."""
+    messages = [{"role": "system", "content": "Be brief."}]
+    for i in range(turns):
+        messages += [{"role": "user", "content": f"Question {i}: " + "why? " * (i % 5 + 1)},
+                     {"role": "assistant", "content": f"Answer {i}. " + "Because. " * (i % 7 + 1)}]
+    return messages
+
+
 def _call(rng, n, as_string):
     city = CITIES[n % len(CITIES)]
     args = {"city": city, "unit": "celsius"} if n % 2 == 0 else {"query": f"news {city}", "max_results": 3}
