@@ -49,6 +49,8 @@ def _imports(name: str) -> set[str]:
                 base = ".".join(anchor + ([base] if base else []))
             if base.split(".")[0] != "packprep":
                 continue
+            if node.level and not node.module and path.name != "__init__.py":
+                found.add(base)  # `from . import x` runs the package's __init__ first: an import of it
             for alias in node.names:  # `from . import plan` imports the module packprep.plan
                 found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base)
     return {m for m in found if m in MODULES and m != name}

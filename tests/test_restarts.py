@@ -23,9 +23,9 @@ from packprep.training import collate_packed, register_packed_layers, restarts  
 LENGTHS = [30, 7, 64, 15, 63, 1, 100, 129]  # on, before and after chunk boundaries of 16 and 64; one token
 CU = torch.tensor([0, *LENGTHS]).cumsum(0)
 T = int(CU[-1])
-CONV = modeling_bamba.causal_conv1d_fn.__wrapped__
-GATED_DELTA = modeling_qwen3_5.torch_chunk_gated_delta_rule.__wrapped__
-MAMBA2 = modeling_bamba.mamba2_chunk_scan.__wrapped__
+CONV = restarts.unwrap(modeling_bamba.causal_conv1d_fn)
+GATED_DELTA = restarts.unwrap(modeling_qwen3_5.torch_chunk_gated_delta_rule)
+MAMBA2 = restarts.unwrap(modeling_bamba.mamba2_chunk_scan)
 
 
 def leaves(*shapes):
@@ -63,6 +63,45 @@ def test_gated_delta_rule_state_restarts_at_each_sequence():
     alone = each_alone(lambda q, k, v, g_, b_: GATED_DELTA(q, k, v, g=g_, beta=b_, use_qk_l2norm_in_kernel=True)[0],
                        [query, key, value, g, beta], 1)
     assert state is None
+    assert_same(packed, alone, [query, key, value, a, b])
+
+
+def _as_func_module(function):
+    """A stand-in for the ``Func`` module ``kernels`` makes of a module-level function (transformers 5.25)."""
+    class Func(torch.nn.Module):
+        def forward(self, *args, **kwargs):
+            return function(*args, **kwargs)
+    return Func()
+
+
+def _dispatcher(function):
+    """A wrapper such as transformers' kernel dispatcher: ``functools.wraps``, and a signature of its own."""
+    import functools
+
+    @functools.wraps(function)
+    def wrapped(*args, **kwargs):
+        return function(*args, **kwargs)
+    return wrapped
+
+
+def _opaque(function):
+    def wrapped(*args, **kwargs):  # neither __wrapped__ nor the function's signature
+        return function(*args, **kwargs)
+    return wrapped
+
+
+@pytest.mark.parametrize("wrap", [_dispatcher, _as_func_module, lambda f: _as_func_module(_dispatcher(f)),
+                                  _opaque], ids=["wraps", "func-module", "func-module-of-wraps", "opaque"])
+def test_the_torch_function_is_found_under_any_wrapper(wrap):
+    """Whatever transformers puts around its function, the fallback finds it, or calls what it is given with
+    the function's default chunk (64): never a KeyError from a signature it cannot read."""
+    wrapped = wrap(GATED_DELTA)
+    if wrap is not _opaque:
+        assert restarts.unwrap(wrapped) is GATED_DELTA
+    query, key, value, a, b = leaves((1, T, 2, 16), (1, T, 2, 16), (1, T, 4, 16), (1, T, 4), (1, T, 4))
+    g, beta = -torch.nn.functional.softplus(a), b.sigmoid()
+    packed, _ = restarts.gated_delta_rule(restarts.unwrap(wrapped), query, key, value, g, beta, CU)
+    alone = each_alone(lambda q, k, v, g_, b_: GATED_DELTA(q, k, v, g=g_, beta=b_)[0], [query, key, value, g, beta], 1)
     assert_same(packed, alone, [query, key, value, a, b])
 
 

@@ -23,7 +23,10 @@ from typing import Callable
 
 import torch
 
-from . import restarts
+from .restarts import causal_conv1d as restart_conv1d
+from .restarts import gated_delta_rule as restart_gated_delta_rule
+from .restarts import mamba2_scan as restart_mamba2_scan
+from .restarts import unwrap
 from .layers import BY_CLASS, LayerType, layer_type_of, stateful_layers
 
 _MARK = "_packprep_packed"
@@ -98,11 +101,6 @@ def _boundaries(kwargs: dict, length: int) -> torch.Tensor | None:
     return cu.to(torch.long)
 
 
-def _raw(original: Callable) -> Callable:
-    """transformers' torch function itself, under its kernel-dispatching wrapper (which refuses boundaries)."""
-    return getattr(original, "__wrapped__", original)
-
-
 _BOUNDARY_KEYS = ("cu_seqlens", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
 
 
@@ -126,7 +124,7 @@ def _conv(original: Callable) -> Callable:
 
             y, _ = causal_conv1d(x.transpose(1, 2), weight, bias, activation=activation, cu_seqlens=cu)
             return y.transpose(1, 2)
-        return restarts.causal_conv1d(_raw(original), x, weight, bias, activation, cu)
+        return restart_conv1d(unwrap(original), x, weight, bias, activation, cu)
     return causal_conv1d_fn
 
 
@@ -141,7 +139,7 @@ def _gated_delta_rule(original: Callable) -> Callable:
             from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
 
             return fla_chunk(query, key, value, g=g, beta=beta, use_qk_l2norm_in_kernel=l2norm, cu_seqlens=cu)
-        return restarts.gated_delta_rule(_raw(original), query, key, value, g, beta, cu, use_qk_l2norm_in_kernel=l2norm,
+        return restart_gated_delta_rule(unwrap(original), query, key, value, g, beta, cu, use_qk_l2norm_in_kernel=l2norm,
                                          chunk_size=kwargs.get("chunk_size"))
     return chunk_gated_delta_rule
 
@@ -155,7 +153,7 @@ def _mamba2_scan(original: Callable) -> Callable:
         named = {k: kwargs[k] for k in ("D", "dt_bias", "dt_softplus", "dt_limit") if k in kwargs}
         if hidden_states.is_cuda and fla_available():
             return _mamba2_fla(hidden_states, dt, A, B, C, cu, **named)
-        return restarts.mamba2_scan(_raw(original), hidden_states, dt, A, B, C, chunk_size, cu, **named)
+        return restart_mamba2_scan(unwrap(original), hidden_states, dt, A, B, C, chunk_size, cu, **named)
     return mamba2_chunk_scan
 
 

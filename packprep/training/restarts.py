@@ -97,9 +97,36 @@ def causal_conv1d(function: Callable, x: torch.Tensor, weight, bias, activation,
     return function(spread(x, layout, 2), weight, bias, activation=activation).index_select(2, layout.index)
 
 
+DEFAULT_CHUNK = 64  # transformers' default chunk for its chunked gated delta rule (Qwen3-Next, Qwen3.5)
+
+
+def unwrap(function: Callable) -> Callable:
+    """transformers' torch function itself, under the wrappers its versions put around it: ``functools.wraps``
+    wrappers (the kernel dispatcher, which refuses sequence boundaries) and, from 5.25 with ``kernels``
+    installed, a ``Func`` module whose ``forward`` calls it. What cannot be unwrapped is returned as it is:
+    it still computes the same function, through its dispatcher."""
+    for _ in range(8):
+        inner = getattr(function, "__wrapped__", None)
+        if inner is None and isinstance(function, torch.nn.Module):
+            closure = getattr(type(function).forward, "__closure__", None) or ()
+            called = [c.cell_contents for c in closure
+                      if callable(c.cell_contents) and not isinstance(c.cell_contents, (type, torch.nn.Module))]
+            inner = called[0] if len(called) == 1 else None
+        if inner is None:
+            return function
+        function = inner
+    return function
+
+
 @functools.lru_cache(maxsize=8)
 def _default_chunk(function: Callable) -> int:
-    return int(inspect.signature(function).parameters["chunk_size"].default)
+    """The function's own default ``chunk_size`` (its rounding is what a sequence alone gets), else
+    :data:`DEFAULT_CHUNK` where a wrapper hides the signature."""
+    try:
+        default = inspect.signature(function).parameters["chunk_size"].default
+    except (KeyError, TypeError, ValueError):
+        return DEFAULT_CHUNK
+    return default if isinstance(default, int) and default > 0 else DEFAULT_CHUNK
 
 
 def gated_delta_rule(function: Callable, query, key, value, g, beta, cu: torch.Tensor, *,
