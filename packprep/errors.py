@@ -35,6 +35,24 @@ _WORDS = re.compile(r"^(?:to|or|and|the|a|an|with|for|at|of|in|is|must|not|only|
                     r"says|should|when|then|from|on|as|by|if|without|keeps|takes|names)$")
 
 
+def transformers_lacks(what: str) -> str:
+    """One sentence for an internal of transformers that packprep relies on and the installed version lacks
+    (transformers moves its internals between releases): the version, and the range packprep is tested on."""
+    from importlib import metadata
+
+    try:
+        version = metadata.version("transformers")
+    except metadata.PackageNotFoundError:
+        return f"transformers is not installed; packprep needs it for {what} (pip install transformers)"
+    try:
+        spec = next(r.split(";")[0][len("transformers"):].strip() for r in metadata.requires("packprep") or ()
+                    if r.split(";")[0].strip().startswith("transformers"))
+    except (metadata.PackageNotFoundError, StopIteration):
+        spec = ""
+    return (f"transformers {version} has no {what}, which packprep relies on here: install a release packprep "
+            f"is tested with (pip install 'transformers{spec}'), or report it if this release is in that range")
+
+
 class Spelling:
     """Who reads the messages: ``"python"`` (the library's callers) unless the CLI says ``"cli"``."""
 

@@ -52,7 +52,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
-from .errors import ConfigError
+from .errors import ConfigError, transformers_lacks
 from .normalize import Conversation, Rejected
 from .template_fit import template_refusal
 from .tokenizer_folder import RenderTooLong
@@ -154,7 +154,10 @@ class ChatTemplate:
     def render(self, messages: list[dict], tools: list | None, add_generation_prompt: bool = False) -> str:
         try:
             if self._transformers:
-                from transformers.utils.chat_template_utils import _compile_jinja_template, render_jinja_template
+                try:
+                    from transformers.utils.chat_template_utils import _compile_jinja_template, render_jinja_template
+                except ImportError as exc:  # the environment, not the record: stop the run
+                    raise ConfigError(transformers_lacks("chat_template_utils.render_jinja_template")) from exc
 
                 # transformers passes variables to the template as plain data (a function would arrive as a
                 # placeholder string), so the clock of the template it compiles and caches is set instead
@@ -169,7 +172,7 @@ class ChatTemplate:
                 messages=messages, tools=tools, documents=None, add_generation_prompt=add_generation_prompt,
                 **self._special, **self.variables,
             ))
-        except RenderTooLong:  # the record's own size, not the template's refusal: the encoder says so
+        except (RenderTooLong, ConfigError):  # the record's own size, or the environment: not the template's refusal
             raise
         except Exception as exc:  # jinja raise_exception, TemplateError, TypeError from bad data
             rejected = Rejected(template_refusal(messages, exc), "template_error")

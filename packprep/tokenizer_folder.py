@@ -182,6 +182,16 @@ class RenderTooLong(Exception):
                         "render_too_long")
 
 
+def _raise_exception(message):
+    import jinja2
+
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
 def compile_template(template: str):
     """Compile ``template`` in a sandboxed environment set up as transformers sets up its own.
 
@@ -205,12 +215,6 @@ def compile_template(template: str):
 
         def _body(self, caller):
             return caller()
-
-    def raise_exception(message):
-        raise jinja2.exceptions.TemplateError(message)
-
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
     class TemplateDict:
         def __call__(self, *args, **kwargs):
@@ -259,8 +263,8 @@ def compile_template(template: str):
             return "".join(parts)
 
     environment = Environment(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols])
-    environment.filters["tojson"] = tojson
-    environment.globals["raise_exception"] = raise_exception
+    environment.filters["tojson"] = _tojson
+    environment.globals["raise_exception"] = _raise_exception
     environment.globals["strftime_now"] = FixedClock(check_date(DEFAULT_DATE))  # never the clock: template_inputs.py
     environment.globals["dict"] = TemplateDict()
     environment.globals["namespace"] = TemplateNamespace

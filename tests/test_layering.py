@@ -177,3 +177,11 @@ def test_every_module_is_at_most_600_lines():
     long = {name: n for name, path in MODULES.items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
     assert len(MODULES) > 50 and max(len(p.read_text().splitlines()) for p in MODULES.values()) > 400  # it sees them
     assert long == {}, f"modules over {MAX_LINES} lines: {long}"
+
+
+def test_no_function_is_longer_than_80_lines():
+    """A function that long does more than one thing: its parts want names."""
+    long = [f"{name}.{node.name}: {node.end_lineno - node.lineno + 1}" for name, path in MODULES.items()
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 80]
+    assert not long, long

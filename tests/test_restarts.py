@@ -15,8 +15,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-from transformers.models.bamba import modeling_bamba  # noqa: E402
-from transformers.models.qwen3_5 import modeling_qwen3_5  # noqa: E402
+modeling_bamba = pytest.importorskip("transformers.models.bamba.modeling_bamba")
+modeling_qwen3_5 = pytest.importorskip("transformers.models.qwen3_5.modeling_qwen3_5", reason="Qwen3.5 needs transformers 5")
 
 from packprep.training import collate_packed, register_packed_layers, restarts  # noqa: E402
 

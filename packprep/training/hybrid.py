@@ -27,6 +27,7 @@ from .restarts import causal_conv1d as restart_conv1d
 from .restarts import gated_delta_rule as restart_gated_delta_rule
 from .restarts import mamba2_scan as restart_mamba2_scan
 from .restarts import unwrap
+from ..errors import transformers_lacks
 from .layers import BY_CLASS, LayerType, layer_type_of, stateful_layers
 
 _MARK = "_packprep_packed"
@@ -74,8 +75,7 @@ def _install(modeling, layer: LayerType) -> None:
     for name in layer.functions:
         original = getattr(modeling, name, None)
         if original is None:
-            raise RuntimeError(f"{modeling.__name__} has no {name}: this transformers version is not supported for "
-                               f"packed {layer.name} layers")
+            raise RuntimeError(transformers_lacks(f"{modeling.__name__}.{name} (packed {layer.name} layers)"))
         if not getattr(original, _MARK, False):
             replacement = _REPLACEMENTS[name](original)
             setattr(replacement, _MARK, True)

@@ -21,6 +21,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
+from ..errors import transformers_lacks
 from ..layout import IGNORE_INDEX
 from ..layout import TREE_COLUMN as TREE_COLUMN_SPEC
 
@@ -125,8 +126,11 @@ def _no_mask(*args, **kwargs):
 def register_tree_attention(model=None, name: str = TREE_ATTENTION_NAME) -> str:
     """Register the tree attention with transformers; return its ``attn_implementation`` name.
     With ``model``: refuse it if a layer keeps a state along the stored order (hybrid models)."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface
+    except ImportError as exc:
+        raise RuntimeError(transformers_lacks("AttentionInterface / masking_utils.AttentionMaskInterface")) from exc
 
     if model is not None:
         refuse_model(model)
