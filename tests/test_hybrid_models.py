@@ -53,7 +53,12 @@ def tiny(family: str, vocab: int):
     config = FAMILIES[family][1](vocab_size=vocab, hidden_size=64, intermediate_size=128, initializer_range=0.5,
                                  max_position_embeddings=512, pad_token_id=0, use_cache=False)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
-    assert register_packed_layers(model) == {FAMILIES[family][0]: FALLBACK}
+    try:
+        used = register_packed_layers(model)
+    except RuntimeError as exc:  # an older transformers' modeling code has no function packprep replaces
+        assert f"transformers {transformers.__version__} has no" in str(exc)
+        pytest.skip(str(exc))
+    assert used == {FAMILIES[family][0]: FALLBACK}
     return model
 
 
@@ -150,11 +155,14 @@ def test_check_pipeline_names_the_leaking_layer(family, folders, tokenizer):
 def test_transformers_refusal_is_named(folders, tokenizer):
     """Without register_packed_layers, transformers' CPU fallback refuses the boundaries; packprep names the layer."""
     torch.manual_seed(0)
-    config = transformers.GraniteMoeHybridConfig(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, initializer_range=0.5,
-        layer_types=["linear_attention", "full_attention"], mamba_n_heads=4, mamba_d_head=32, mamba_d_state=16,
-        mamba_chunk_size=16,
-        num_local_experts=0, shared_intermediate_size=128, **HEADS)
+    try:
+        config = transformers.GraniteMoeHybridConfig(
+            vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            initializer_range=0.5, layer_types=["linear_attention", "full_attention"], mamba_n_heads=4,
+            mamba_d_head=32, mamba_d_state=16, mamba_chunk_size=16, num_local_experts=0,
+            shared_intermediate_size=128, **HEADS)
+    except ValueError as exc:  # transformers 4's config names its layer types mamba/attention
+        pytest.skip(f"transformers {transformers.__version__}: {exc}")
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with pytest.raises(PackingIsolationError, match="'mamba2'.*GraniteMoeHybridMambaLayer.*register_packed_layers"):
         check_pipeline(collate_packed, model, folders["packprep"])

@@ -57,6 +57,7 @@ def hub(monkeypatch, tmp_path):
     server.add_repo("bob/shared", files={"README.md": b"bob's data\n"})  # public, owned by bob
     with server:
         monkeypatch.setenv("HF_ENDPOINT", server.url)
+        monkeypatch.setattr(constants, "ENDPOINT", server.url)  # read from HF_ENDPOINT at import, as a user's is
         for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_OIDC_RESOURCE"):
             monkeypatch.delenv(name, raising=False)
         monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))  # "not logged in"
