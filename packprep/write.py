@@ -55,15 +55,24 @@ def parse_size(text: str | int) -> int:
 
 
 class OutputFolder:
-    """The output path, guarded: refused if it exists without ``overwrite``, written atomically."""
+    """The output path, guarded: refused if it exists without ``overwrite``, or where it is, holds or
+    lies inside a path the run reads (``reads``: files and folders as typed); written atomically."""
 
-    def __init__(self, path: str | os.PathLike, overwrite: bool = False):
+    def __init__(self, path: str | os.PathLike, overwrite: bool = False, reads=()):
+        self.named = os.fsdecode(path)
         self.final = _through_links(Path(path).absolute())
         self.overwrite = overwrite
+        self.reads = [os.fsdecode(read) for read in reads if read is not None and os.path.lexists(read)]
         self.tmp = self.final.parent / f".{self.final.name}.packprep-tmp-{os.getpid()}"
 
     def check(self) -> None:
-        """Fail before any work if the output cannot be written."""
+        """Fail before any work if the output cannot be written, or if writing it would replace or
+        change a file or folder the run reads (with or without ``overwrite``)."""
+        for read in self.reads:
+            relation = _relation(self.final, read)
+            if relation:
+                raise ConfigError(f"--output {self.named} {relation} {read}, which this run reads; writing it would "
+                                  "replace or change an input: choose an output folder apart from the inputs")
         if self.final.exists() and not self.overwrite:
             raise ConfigError(f"{self.final} already exists; pass --overwrite to replace it, or choose another --output")
         if self.final.exists() and not self.final.is_dir():
@@ -129,6 +138,25 @@ def _through_links(path: Path) -> Path:
         raise ConfigError(f"{path} is a symbolic link to {os.readlink(path)}, which does not exist; remove the "
                           "link or choose another --output")
     return resolved
+
+
+def _relation(output: Path, read: str) -> str | None:
+    """How the output folder (links followed) stands to a path the run reads, as the link itself and as
+    what it names: ``is``, ``holds`` (replacing the output deletes it) or ``is inside``; None: apart."""
+    path = Path(os.path.abspath(read))
+    forms = [path.parent.resolve() / path.name]
+    try:
+        forms.append(path.resolve())
+    except (RuntimeError, OSError):  # a link loop: the link itself is what is read
+        pass
+    for form in forms:
+        if output == form:
+            return "is"
+        if output in form.parents:
+            return "holds"
+        if form in output.parents:
+            return "is inside"
+    return None
 
 
 def _pid_alive(pid: int) -> bool:
