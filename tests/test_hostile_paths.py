@@ -1,0 +1,108 @@
+"""Hostile paths and processes: an output folder that is, holds or lies inside a path the run reads
+(through links too), and the exit code of each, with every input byte-identical afterwards."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+import packprep
+
+from .conftest import EXAMPLE_CHATS, EXAMPLE_TOKENIZER
+from .test_bad_inputs import assert_clean_exit, invoke
+
+CONFIG = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128}
+PACK = ["-t", "models/tok", "--max-len", "512", "--num-proc", "1", "-q"]
+
+# Every command that writes a folder, and each path it reads: (the command line, the path read as typed,
+# whether it is a folder). The command line writes to OUT.
+READS = {
+    "pack a data file": (["pack", "data/chats.jsonl", *PACK], "data/chats.jsonl", False),
+    "pack an input folder": (["pack", "data", *PACK], "data", True),
+    "pack the tokenizer": (["pack", "data/chats.jsonl", *PACK], "models/tok", True),
+    "pack the mixture file": (["pack", "--mix", "mix/mix.yaml", *PACK], "mix/mix.yaml", False),
+    "pack a mixture's source": (["pack", "--mix", "mix/mix.yaml", *PACK], "sets/more", True),
+    "pack the model config": (["pack", "data/chats.jsonl", *PACK, "--balance-dp", "2", "--model-config",
+                               "cfg/config.json"], "cfg/config.json", False),
+    "repack its folder": (["repack", "packed", "--num-proc", "1", "-q"], "packed", True),
+    "export its folder": (["export", "packed", "--to", "trl"], "packed", True),
+}
+# How the output stands to the path read (None: not for a file): the output as typed.
+RELATIONS = {
+    "is": lambda read, folder: read if folder else None,
+    "inside": lambda read, folder: f"{read}/sub" if folder else None,
+    "around": lambda read, folder: os.path.dirname(read) or ".",
+    "around through a link": lambda read, folder: "link",
+}
+
+
+def with_output(args: list[str], out: str) -> list[str]:
+    return [*args, "-o", out] if args[0] != "export" else [*args, out]
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("packed") / "packed"
+    packprep.pack(str(EXAMPLE_CHATS), str(folder), str(EXAMPLE_TOKENIZER), max_len=512, num_proc=1)
+    return folder
+
+
+def workspace(root: Path, packed: Path) -> None:
+    """Every kind of path a run reads, copied: a refusal that comes too late deletes only copies."""
+    (root / "data").mkdir()
+    shutil.copyfile(EXAMPLE_CHATS, root / "data" / "chats.jsonl")
+    (root / "sets" / "more").mkdir(parents=True)
+    shutil.copyfile(EXAMPLE_CHATS, root / "sets" / "more" / "more.jsonl")
+    shutil.copytree(EXAMPLE_TOKENIZER, root / "models" / "tok")
+    (root / "mix").mkdir()
+    (root / "mix" / "mix.yaml").write_text("- path: ../sets/more\n  weight: 1\n")
+    (root / "cfg").mkdir()
+    (root / "cfg" / "config.json").write_text(json.dumps(CONFIG))
+    shutil.copytree(packed, root / "packed")
+
+
+def snapshot(root: Path) -> dict:
+    return {str(p.relative_to(root)): (os.readlink(p) if p.is_symlink() else p.read_bytes() if p.is_file() else None)
+            for p in sorted(root.rglob("*"))}
+
+
+CASES = [(command, relation) for command, (args, read, folder) in READS.items() for relation, out in RELATIONS.items()
+         if out(read, folder) is not None]
+
+
+@pytest.mark.parametrize("overwrite", [False, True], ids=["", "overwrite"])
+@pytest.mark.parametrize("command, relation", CASES)
+def test_no_command_writes_where_it_reads(command, relation, overwrite, packed, tmp_path, monkeypatch):
+    args, read, folder = READS[command]
+    out = RELATIONS[relation](read, folder)
+    monkeypatch.chdir(tmp_path)
+    workspace(tmp_path, packed)
+    if out == "link":
+        os.symlink(os.path.abspath(os.path.dirname(read) or "."), "link")
+    before = snapshot(tmp_path)
+    result = invoke(*with_output(args, out), *(["--overwrite"] if overwrite else []))
+    assert_clean_exit(result, 2)
+    assert result.output.startswith(f"error: --output {out} ") and result.output.count("\n") == 1, result.output
+    assert f" {read}, which this run reads" in result.output or f"/{os.path.basename(read)}, which" in result.output, \
+        result.output
+    assert snapshot(tmp_path) == before, "nothing read was changed"
+
+
+@pytest.mark.parametrize("command", ["pack a data file", "repack its folder", "export its folder"])
+def test_an_input_given_through_a_link_inside_the_output_is_kept(command, packed, tmp_path, monkeypatch):
+    """The link is what the run was given: replacing the folder that holds it would delete it."""
+    args, read, _ = READS[command]
+    monkeypatch.chdir(tmp_path)
+    workspace(tmp_path, packed)
+    given = "given" + Path(read).suffix
+    os.symlink(os.path.abspath(read), given)
+    args = [a if a != read else given for a in args]
+    before = snapshot(tmp_path)
+    result = invoke(*with_output(args, "."), "--overwrite")
+    assert_clean_exit(result, 2)
+    assert result.output.startswith(f"error: --output . holds {given}, which this run reads"), result.output
+    assert snapshot(tmp_path) == before
