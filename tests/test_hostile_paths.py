@@ -9,8 +9,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 import packprep
+from packprep.cli import main
 
 from .conftest import EXAMPLE_CHATS, EXAMPLE_TOKENIZER
 from .test_bad_inputs import assert_clean_exit, invoke
@@ -106,3 +108,57 @@ def test_an_input_given_through_a_link_inside_the_output_is_kept(command, packed
     assert_clean_exit(result, 2)
     assert result.output.startswith(f"error: --output . holds {given}, which this run reads"), result.output
     assert snapshot(tmp_path) == before
+
+
+# ---------------------------------------------------------------- verify: exit 4 blames the output, 2 the inputs
+def small_pack(tmp_path: Path) -> tuple[Path, Path, Path]:
+    data, tok, out = tmp_path / "chats.jsonl", tmp_path / "tok", tmp_path / "out"
+    data.write_text("".join(EXAMPLE_CHATS.read_text().splitlines(True)[:20]))
+    shutil.copytree(EXAMPLE_TOKENIZER, tok)
+    packprep.pack(str(data), str(out), str(tok), max_len=512, num_proc=1)
+    return data, tok, out
+
+
+INPUT_CHANGES = {  # what happens to the inputs after packing, and what verify --retokenize must then say
+    "input moved": (lambda data, tok: data.rename(data.with_suffix(".old")), "cannot read {data}"),
+    "input changed": (lambda data, tok: data.write_text(data.read_text()[:-100]), "{data} changed since it was packed"),
+    "tokenizer changed": (lambda data, tok: (tok / "tokenizer_config.json").write_text(
+        (tok / "tokenizer_config.json").read_text() + " "), "the tokenizer {tok} changed since the folder was packed"),
+    "tokenizer moved": (lambda data, tok: tok.rename(tok.with_name("elsewhere")), "{tok}"),
+}
+
+
+@pytest.mark.parametrize("change", sorted(INPUT_CHANGES))
+def test_verify_retokenize_with_inputs_not_those_packed_is_a_usage_error(change, tmp_path):
+    data, tok, out = small_pack(tmp_path)
+    harm, message = INPUT_CHANGES[change]
+    harm(data, tok)
+    result = invoke("verify", out, "--retokenize", 5)
+    assert_clean_exit(result, 2)
+    assert result.output.startswith("error: ") and message.format(data=data, tok=tok) in result.output, result.output
+    assert_clean_exit(invoke("verify", out), 0)
+
+
+def test_verify_retokenize_of_a_folder_packed_from_standard_input_not_piped_again(tmp_path):
+    out = tmp_path / "out"
+    data = "".join(EXAMPLE_CHATS.read_text().splitlines(True)[:20])
+    assert_clean_exit(CliRunner().invoke(main, ["pack", "-", "-t", EXAMPLE_TOKENIZER, "-o", out, "-q"], input=data), 0)
+    result = CliRunner().invoke(main, ["verify", str(out), "--retokenize", "5"], input="")
+    assert_clean_exit(result, 2)
+    assert "pipe the same data into verify" in result.output
+
+
+def test_verify_of_a_folder_that_is_no_packed_folder_is_a_usage_error(tmp_path):
+    result = invoke("verify", tmp_path)
+    assert_clean_exit(result, 2)
+    assert f"{tmp_path} is not a packed output folder" in result.output
+
+
+def test_verify_still_blames_a_damaged_output_when_its_inputs_are_gone(tmp_path):
+    data, tok, out = small_pack(tmp_path)
+    data.unlink()
+    manifest = json.loads((out / "packprep.json").read_text())
+    manifest["sequences"] += 1
+    (out / "packprep.json").write_text(json.dumps(manifest))
+    result = invoke("verify", out, "--retokenize", 5)
+    assert_clean_exit(result, 4)
