@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +16,8 @@ from click.testing import CliRunner
 
 import packprep
 from packprep.cli import main
+from packprep.engines import LocalEngine
+from packprep.errors import WorkerDied
 
 from .conftest import EXAMPLE_CHATS, EXAMPLE_TOKENIZER
 from .test_bad_inputs import assert_clean_exit, invoke
@@ -162,3 +167,73 @@ def test_verify_still_blames_a_damaged_output_when_its_inputs_are_gone(tmp_path)
     (out / "packprep.json").write_text(json.dumps(manifest))
     result = invoke("verify", out, "--retokenize", 5)
     assert_clean_exit(result, 4)
+
+
+# ---------------------------------------------------------------- bytes that are not UTF-8, closed streams, dead workers
+NOT_UTF8 = os.fsdecode(b"\xff")  # how Python hands over a name or an argument holding the byte 0xff
+
+
+def not_utf8_args(tmp_path: Path) -> dict:
+    data = tmp_path / f"in{NOT_UTF8}.jsonl"
+    data.write_bytes(EXAMPLE_CHATS.read_bytes())
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / f"a{NOT_UTF8}.jsonl").write_bytes(EXAMPLE_CHATS.read_bytes())
+    out = tmp_path / "out"
+    return {
+        "output path": (["pack", EXAMPLE_CHATS, "-t", EXAMPLE_TOKENIZER, "-o", tmp_path / f"out{NOT_UTF8}"],
+                        f"out\\xff holds bytes that are not UTF-8 (\\xff)"),
+        "input path": (["pack", data, "-t", EXAMPLE_TOKENIZER, "-o", out], "in\\xff.jsonl holds bytes"),
+        "a file in an input folder": (["pack", folder, "-t", EXAMPLE_TOKENIZER, "-o", out],
+                                      f"the input {folder}/a\\xff.jsonl holds bytes"),
+        "template argument": (["pack", EXAMPLE_CHATS, "-t", EXAMPLE_TOKENIZER, "-o", out, "--template-arg",
+                               f"x={NOT_UTF8}"], "the argument x=\\xff holds bytes that are not UTF-8"),
+        "export output": (["export", EXAMPLE_TOKENIZER, "--to", "trl", tmp_path / f"out{NOT_UTF8}"], "out\\xff"),
+    }
+
+
+@pytest.mark.parametrize("where", ["output path", "input path", "a file in an input folder", "template argument",
+                                   "export output"])
+def test_bytes_that_are_not_utf8_are_a_clear_usage_error(where, tmp_path):
+    args, message = not_utf8_args(tmp_path)[where]
+    result = invoke(*args, "-q" if args[0] == "pack" else "--overwrite", *(["--num-proc", 1] if args[0] == "pack" else []))
+    assert_clean_exit(result, 2)
+    assert result.output.startswith("error: ") and message in result.output and result.output.count("\n") == 1, \
+        result.output
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(("out", ".out"))], "nothing written"
+
+
+def run_closed(args: list, closed: int, cwd: Path):
+    """The CLI in a process whose standard stream ``closed`` (0, 1 or 2) is closed, as `<&-` leaves it."""
+    return subprocess.run([sys.executable, "-m", "packprep", *map(str, args)], cwd=cwd, capture_output=closed != 1,
+                          stdout=subprocess.PIPE if closed == 1 else None, text=True, timeout=120,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, preexec_fn=lambda: os.close(closed))
+
+
+def test_a_closed_standard_input_is_a_clear_usage_error(tmp_path):
+    result = run_closed(["pack", "-", "-t", EXAMPLE_TOKENIZER, "-o", "out", "-q"], 0, tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == ("error: standard input ('-') is closed: pipe the data into it (cat chats.jsonl | "
+                             "packprep pack - ...), or give the file itself\n")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_closed_standard_output_and_error_do_not_break_a_run(tmp_path):
+    pack = run_closed(["pack", EXAMPLE_CHATS, "-t", EXAMPLE_TOKENIZER, "-o", "out", "--num-proc", 1], 2, tmp_path)
+    assert pack.returncode == 0 and packprep.verify(tmp_path / "out").ok
+    shown = run_closed(["inspect", "out"], 1, tmp_path)
+    assert shown.returncode == 0, shown.stderr
+
+
+def die_on_three(context, item):
+    """A stage whose worker is killed at its fourth task, as the out-of-memory killer would."""
+    if item == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return item
+
+
+def test_a_worker_killed_is_said_to_be_killed_not_a_bug():
+    with pytest.raises(WorkerDied, match="^a worker process was killed by SIGKILL .the system's out-of-memory killer "
+                                         "sends it: see dmesg. before its work was done; nothing was written"):
+        list(LocalEngine(2).map(die_on_three, None, range(8)))
+    assert WorkerDied.exit_code == 5

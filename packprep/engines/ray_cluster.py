@@ -116,7 +116,7 @@ class NodeWorkers:
                 self._end()  # one stage at a time: the last stage's workers end first
                 self.workers, self.key = ForkedWorkers(ray.get(ref), processes), ref.hex()
             workers = self.workers
-        return workers.submit(fn, item).result()
+        return workers.result(workers.submit(fn, item))
 
     def stop(self) -> None:
         """End the stage's workers: tasks not started are cancelled, running ones finish."""
