@@ -26,6 +26,7 @@ from .ledger import Ledger, top_reasons
 from .engines import TASKS_PER_WORKER, Engine, LocalEngine, make_engine, runs_per_item
 from .errors import ConfigError, InputError
 from .fates import FATES, PACKED, REJECTED, SPLIT, UNSAMPLED
+from .interrupts import boundary
 from .layout import DEFAULT_LAYOUT, FILES, TREE_LAYOUT, LayoutContext, get_layout, readable_layout
 from .materialize import PackSink, Segments, TokenStore
 from .normalize import CHANGES
@@ -251,6 +252,7 @@ def write_output(tmp, store: TokenStore, ledger: Ledger, config: PackConfig, eng
         manifest["config"]["shard_format"] = layout.shard_format(config.shard_format)
     manifest["layout"] = layout.name
     manifest.update(extra or {})
+    boundary("manifest")
     (tmp / "packprep.json").write_text(json.dumps(manifest, indent=2) + "\n")
     (tmp / "README.md").write_text(render_card(manifest))
     report = verify(tmp, check_hashes=False, checked=checked, checked_validation=checked_validation)

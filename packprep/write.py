@@ -21,8 +21,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .errors import ConfigError, OutputError
-from .interrupts import COMMITTED, stops_held
+from .errors import ConfigError, OutputError, check_utf8
+from .interrupts import COMMITTED, boundary, stops_held
 from .layout import DEFAULT_LAYOUT, FILES, IGNORE_INDEX, ROW_SCHEMA, LayoutContext, ShardReader, get_layout
 from .materialize import Segments, TokenStore, materialize
 from .join import join_pieces
@@ -68,6 +68,7 @@ class OutputFolder:
     def check(self) -> None:
         """Fail before any work if the output cannot be written, or if writing it would replace or
         change a file or folder the run reads (with or without ``overwrite``)."""
+        check_utf8(str(self.final), "--output")
         for read in self.reads:
             relation = _relation(self.final, read)
             if relation:
@@ -84,6 +85,7 @@ class OutputFolder:
             raise ConfigError(f"{parent} is a file, not a folder; choose another --output")
         if not os.access(parent, os.W_OK | os.X_OK):
             raise ConfigError(f"{parent} is not writable; choose another --output")
+        boundary("checked")
 
     @contextmanager
     def staging(self) -> Iterator[Path]:
@@ -95,6 +97,7 @@ class OutputFolder:
         try:
             self.tmp.mkdir()
             (self.tmp / "data").mkdir()
+            boundary("staged")
             yield self.tmp
         except OSError as exc:
             shutil.rmtree(self.tmp, ignore_errors=True)
@@ -106,17 +109,21 @@ class OutputFolder:
     def commit(self) -> None:
         """Move the finished temporary folder into place (replacing the old one under overwrite), with
         Ctrl-C held back: a stop lands before (nothing at the path) or after (the folder complete)."""
+        boundary("commit")
         old = None
-        with stops_held():
-            if self.final.exists():
-                if not self.overwrite:
-                    raise ConfigError(f"{self.final} appeared while packing; pass --overwrite to replace it")
-                old = self.final.parent / f".{self.final.name}.packprep-old-{os.getpid()}"
-                os.rename(self.final, old)
-            os.rename(self.tmp, self.final)
-            COMMITTED.append(self.final)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        try:
+            with stops_held():
+                if self.final.exists():
+                    if not self.overwrite:
+                        raise ConfigError(f"{self.final} appeared while packing; pass --overwrite to replace it")
+                    old = self.final.parent / f".{self.final.name}.packprep-old-{os.getpid()}"
+                    os.rename(self.final, old)
+                os.rename(self.tmp, self.final)
+                COMMITTED.append(self.final)
+        finally:  # a stop held back lands as the block ends: the replaced folder goes all the same
+            if old is not None and self.final in COMMITTED:
+                shutil.rmtree(old, ignore_errors=True)
+        boundary("committed")
 
     def _remove_stale_siblings(self) -> None:
         pattern = re.compile(rf"^\.{re.escape(self.final.name)}\.packprep-(?:tmp|old)-(\d+)$")
