@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import warnings
+from pathlib import Path
 
 import click
 
@@ -35,7 +36,7 @@ from .verification import verify as verify_
 from .plan import OVERLONG
 from .template_inputs import parse_template_args
 from .tokenization import BACKENDS, TRAIN_ON
-from .write import SHARD_FORMATS
+from .write import SHARD_FORMATS, refuse_reads
 
 
 class _Group(click.Group):
@@ -553,6 +554,8 @@ def stats(inputs, tokenizer, max_lens, strategies, global_batch_size, epochs, fo
 
     if plot_path:
         require_matplotlib()
+        refuse_reads("--plot", plot_path, Path(os.path.realpath(plot_path)),
+                     [*inputs, tokenizer, settings.get("mix"), settings.get("model_config")])
     report = stats_(list(inputs), tokenizer, max_lens or None, strategies or None, global_batch_size, epochs,
                     num_proc=num_proc, progress=not quiet, format=format_, dp_size=dp_size,
                     rows_per_step=stats_rows_per_step, **settings)

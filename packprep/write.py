@@ -62,18 +62,14 @@ class OutputFolder:
         self.named = os.fsdecode(path)
         self.final = _through_links(Path(path).absolute())
         self.overwrite = overwrite
-        self.reads = [os.fsdecode(read) for read in reads if read is not None and os.path.lexists(read)]
+        self.reads = list(reads)
         self.tmp = self.final.parent / f".{self.final.name}.packprep-tmp-{os.getpid()}"
 
     def check(self) -> None:
         """Fail before any work if the output cannot be written, or if writing it would replace or
         change a file or folder the run reads (with or without ``overwrite``)."""
         check_utf8(str(self.final), "--output")
-        for read in self.reads:
-            relation = _relation(self.final, read)
-            if relation:
-                raise ConfigError(f"--output {self.named} {relation} {read}, which this run reads; writing it would "
-                                  "replace or change an input: choose an output folder apart from the inputs")
+        refuse_reads("--output", self.named, self.final, self.reads)
         if self.final.exists() and not self.overwrite:
             raise ConfigError(f"{self.final} already exists; pass --overwrite to replace it, or choose another --output")
         if self.final.exists() and not self.final.is_dir():
@@ -145,6 +141,16 @@ def _through_links(path: Path) -> Path:
         raise ConfigError(f"{path} is a symbolic link to {os.readlink(path)}, which does not exist; remove the "
                           "link or choose another --output")
     return resolved
+
+
+def refuse_reads(option: str, named: str, final: Path, reads) -> None:
+    """A ConfigError where the output ``final`` (links followed; ``named`` as given to ``option``) is,
+    holds or lies inside one of ``reads``, the paths the run reads as given (None, or missing: skipped)."""
+    for read in reads:
+        relation = _relation(final, os.fsdecode(read)) if read is not None and os.path.lexists(read) else None
+        if relation:
+            raise ConfigError(f"{option} {named} {relation} {os.fsdecode(read)}, which this run reads; writing it "
+                              "would replace or change an input: choose an output apart from the inputs")
 
 
 def _relation(output: Path, read: str) -> str | None:

@@ -115,6 +115,21 @@ def test_an_input_given_through_a_link_inside_the_output_is_kept(command, packed
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.parametrize("plot, read", [("data/chats.jsonl", "data/chats.jsonl"), ("data/plot.png", "data"),
+                                        ("models/tok/plot.png", "models/tok"), ("link.jsonl", "data/chats.jsonl")])
+def test_stats_never_draws_its_plot_over_what_it_reads(plot, read, packed, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    workspace(tmp_path, packed)
+    os.symlink("data/chats.jsonl", "link.jsonl")
+    before = snapshot(tmp_path)
+    result = invoke("stats", read if read == "data" else "data/chats.jsonl", "-t", "models/tok", "--plot", plot, "-q",
+                    "--num-proc", 1)
+    assert_clean_exit(result, 2)
+    assert result.output.startswith(f"error: --plot {plot} ") and f" {read}, which this run reads" in result.output, \
+        result.output
+    assert snapshot(tmp_path) == before
+
+
 # ---------------------------------------------------------------- verify: exit 4 blames the output, 2 the inputs
 def small_pack(tmp_path: Path) -> tuple[Path, Path, Path]:
     data, tok, out = tmp_path / "chats.jsonl", tmp_path / "tok", tmp_path / "out"
