@@ -113,8 +113,7 @@ def boundary(name: str) -> None:
     """The run is between two stages, at ``name``. Where ``PACKPREP_PAUSE_AT`` names it, the run says
     ``paused at NAME`` on stderr and waits there (up to PAUSE_SECONDS; half a second where stops are
     ignored) for a stop, which lands here as at any other moment: the tests stop each command at each
-    boundary this way. With
-    ``PACKPREP_BOUNDARIES`` set to a file, each boundary's name is appended to it."""
+    boundary this way. With ``PACKPREP_BOUNDARIES`` set to a file, each boundary's name is appended to it."""
     listed = os.environ.get("PACKPREP_BOUNDARIES")
     if listed:
         with open(listed, "a") as handle:

@@ -156,12 +156,12 @@ def refuse_reads(option: str, named: str, final: Path, reads) -> None:
 def _relation(output: Path, read: str) -> str | None:
     """How the output folder (links followed) stands to a path the run reads, as the link itself and as
     what it names: ``is``, ``holds`` (replacing the output deletes it) or ``is inside``; None: apart."""
-    path = Path(os.path.abspath(read))
-    forms = [path.parent.resolve() / path.name]
-    try:
-        forms.append(path.resolve())
-    except (RuntimeError, OSError):  # a link loop: the link itself is what is read
-        pass
+    path, forms = Path(os.path.abspath(read)), []
+    for form in (lambda: path.parent.resolve() / path.name, path.resolve):
+        try:
+            forms.append(form())
+        except (RuntimeError, OSError):  # a link loop: nothing is read through it
+            pass
     for form in forms:
         if output == form:
             return "is"

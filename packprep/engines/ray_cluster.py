@@ -24,7 +24,7 @@ import os
 import threading
 from collections import deque
 
-from ..errors import ConfigError
+from ..errors import ConfigError, WorkerDied
 from . import IN_FLIGHT_PER_WORKER, ForkedWorkers, ordered
 
 QUEUED_PER_NODE = 1  # calls sent a node beyond its workers: its next task waits there while they run (not
@@ -232,6 +232,8 @@ class _Stage:
             return ray.get(task.ref)
         except ray.exceptions.RayTaskError as error:
             raise error.cause from error
+        except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as error:  # a node's process died
+            raise WorkerDied.of(f"a Ray worker process ({type(error).__name__})", None) from error
 
     def stop(self) -> None:
         """End the stage on every node it used: tasks not started are cancelled, running ones (those of
