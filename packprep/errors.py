@@ -78,13 +78,19 @@ def check_utf8(text: str, what: str) -> None:
                           "rename it, or give it in UTF-8") from None
 
 
+NAMED: dict[str, str] = {}  # a file the run made in place of an input, and what the user named: standard input
+
+
 class PackprepError(Exception):
     """Base class: a message meant for the user, plus the exit code the CLI returns."""
 
     exit_code = EXIT_INTERNAL
 
     def __str__(self) -> str:
-        return spell(super().__str__())
+        message = super().__str__()
+        for path, name in NAMED.items():
+            message = message.replace(path, name)
+        return spell(message)
 
 
 class ConfigError(PackprepError):

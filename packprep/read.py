@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from .errors import ConfigError, InputError, check_utf8
+from .errors import NAMED, ConfigError, InputError, check_utf8
 from .json_keys import repeated_key, repeated_key_reason, repeated_keys
 
 JSON_SUFFIXES = (".json", ".json.gz", ".json.zst")
@@ -105,6 +105,7 @@ def spool_stdin() -> str:
     folder = tempfile.mkdtemp(prefix="packprep-stdin-")
     atexit.register(shutil.rmtree, folder, True)
     path = os.path.join(folder, "stdin.jsonl")
+    NAMED[path] = "standard input ('-')"
     with open(path, "wb") as handle:
         shutil.copyfileobj(sys.stdin.buffer, handle, 1 << 20)
     return path

@@ -252,3 +252,13 @@ def test_a_worker_killed_is_said_to_be_killed_not_a_bug():
                                          "sends it: see dmesg. before its work was done; nothing was written"):
         list(LocalEngine(2).map(die_on_three, None, range(8)))
     assert WorkerDied.exit_code == 5
+
+
+@pytest.mark.parametrize("data, message", [("", "the file holds no records"),
+                                           ('{"a": [1,\n', "none of its first 1 records can be decoded")])
+def test_standard_input_that_cannot_be_read_is_named_as_such(data, message, tmp_path):
+    """Standard input is read from a copy the run makes: a message names what the user gave, not the copy."""
+    result = CliRunner().invoke(main, ["pack", "-", "-t", str(EXAMPLE_TOKENIZER), "-o", str(tmp_path / "out"), "-q"],
+                                input=data)
+    assert_clean_exit(result, 3)
+    assert result.output.startswith(f"error: standard input ('-'): {message}") and "packprep-stdin" not in result.output
