@@ -58,8 +58,8 @@ class OutputFolder:
     """The output path, guarded: refused if it exists without ``overwrite``, or where it is, holds or
     lies inside a path the run reads (``reads``: files and folders as typed); written atomically."""
 
-    def __init__(self, path: str | os.PathLike, overwrite: bool = False, reads=()):
-        self.named = os.fsdecode(path)
+    def __init__(self, path: str | os.PathLike, overwrite: bool = False, reads=(), option: str = "--output"):
+        self.named, self.option = os.fsdecode(path), option
         self.final = _through_links(Path(path).absolute())
         self.overwrite = overwrite
         self.reads = list(reads)
@@ -68,8 +68,8 @@ class OutputFolder:
     def check(self) -> None:
         """Fail before any work if the output cannot be written, or if writing it would replace or
         change a file or folder the run reads (with or without ``overwrite``)."""
-        check_utf8(str(self.final), "--output")
-        refuse_reads("--output", self.named, self.final, self.reads)
+        check_utf8(str(self.final), self.option)
+        refuse_reads(self.option, self.named, self.final, self.reads)
         if self.final.exists() and not self.overwrite:
             raise ConfigError(f"{self.final} already exists; pass --overwrite to replace it, or choose another --output")
         if self.final.exists() and not self.final.is_dir():

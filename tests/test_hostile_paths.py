@@ -93,7 +93,8 @@ def test_no_command_writes_where_it_reads(command, relation, overwrite, packed, 
     before = snapshot(tmp_path)
     result = invoke(*with_output(args, out), *(["--overwrite"] if overwrite else []))
     assert_clean_exit(result, 2)
-    assert result.output.startswith(f"error: --output {out} ") and result.output.count("\n") == 1, result.output
+    option = "OUTPUT" if args[0] == "export" else "--output"
+    assert result.output.startswith(f"error: {option} {out} ") and result.output.count("\n") == 1, result.output
     assert f" {read}, which this run reads" in result.output or f"/{os.path.basename(read)}, which" in result.output, \
         result.output
     assert snapshot(tmp_path) == before, "nothing read was changed"
@@ -111,7 +112,8 @@ def test_an_input_given_through_a_link_inside_the_output_is_kept(command, packed
     before = snapshot(tmp_path)
     result = invoke(*with_output(args, "."), "--overwrite")
     assert_clean_exit(result, 2)
-    assert result.output.startswith(f"error: --output . holds {given}, which this run reads"), result.output
+    option = "OUTPUT" if args[0] == "export" else "--output"
+    assert result.output.startswith(f"error: {option} . holds {given}, which this run reads"), result.output
     assert snapshot(tmp_path) == before
 
 
