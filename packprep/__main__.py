@@ -1,9 +1,19 @@
+"""The ``packprep`` program: ``python -m packprep``, and the console script."""
+
 import sys
 
-try:  # a Ctrl-C while the libraries load is an interruption too, not a traceback
-    from .cli import main
-except KeyboardInterrupt:
-    sys.stderr.write("interrupted; no output was written\n")
-    sys.exit(130)
+from .interrupts import sigterm_interrupts
 
-main()
+
+def run() -> None:
+    sigterm_interrupts()  # a stop while the libraries load is an interruption too (exit 130), not a SIGTERM death
+    try:
+        from .cli import main
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted; no output was written\n")
+        sys.exit(130)
+    main()
+
+
+if __name__ == "__main__":
+    run()

@@ -19,8 +19,8 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from . import __version__
 from .control_text import MODES as CONTENT_SPECIAL
-from .errors import EXIT_CODES_HELP, EXIT_INTERNAL, PackprepError, Spelling
-from .interrupts import COMMITTED, stop_on_sigterm
+from .errors import EXIT_CODES_HELP, EXIT_INTERNAL, PackprepError, Spelling, check_utf8, shown
+from .interrupts import COMMITTED, boundary, exit_now, stop_on_sigterm
 from .layout import layout_names
 from .assistant_turns import REASONING
 from .normalize import CONSECUTIVE, FORMATS, LEADING, SYSTEM, TOOL_CALLS, changes_text
@@ -36,27 +36,38 @@ from .verification import verify as verify_
 from .plan import OVERLONG
 from .template_inputs import parse_template_args
 from .tokenization import BACKENDS, TRAIN_ON
-from .write import SHARD_FORMATS
+from .write import SHARD_FORMATS, refuse_reads
 
 
 class _Group(click.Group):
     """Turns library errors into one line on stderr and the documented exit code."""
 
+    given: list[str] = []  # the command line, as given
+
+    def parse_args(self, ctx, args):
+        self.given = list(args)
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx):
         COMMITTED.clear()
         reader, Spelling.reader = Spelling.reader, "cli"  # messages name --options, not arguments
         try:
+            for given in self.given:
+                check_utf8(str(given), "the argument")
             with stop_on_sigterm():
-                return super().invoke(ctx)
+                done = super().invoke(ctx)
+                boundary("end")  # the command has printed its result
+            boundary("exit")  # stops are ignored from here in the program
+            return done
         except PackprepError as exc:
-            click.secho(f"error: {exc}", fg="red", err=True)
+            click.secho(f"error: {shown(str(exc))}", fg="red", err=True)
             sys.exit(exc.exit_code)
         except KeyboardInterrupt:
             if COMMITTED:  # the stop came once the folder was in place: it is complete and verified
                 click.secho(f"interrupted after {COMMITTED[-1]} was written; it is complete", fg="yellow", err=True)
                 sys.exit(0)
             click.secho("interrupted; no output was written", fg="red", err=True)
-            _exit_now(130)
+            exit_now(130)
         except BrokenPipeError:  # the reader left (`| head`): stop quietly, as a shell tool does
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
             sys.exit(141)
@@ -66,28 +77,14 @@ class _Group(click.Group):
             if os.environ.get("PACKPREP_DEBUG"):
                 raise
             click.secho(
-                f"internal error: {type(exc).__name__}: {exc} (please report it; PACKPREP_DEBUG=1 shows the traceback)",
+                f"internal error: {type(exc).__name__}: {shown(str(exc))} (please report it; PACKPREP_DEBUG=1 shows the "
+                "traceback)",
                 fg="red",
                 err=True,
             )
             sys.exit(EXIT_INTERNAL)
         finally:
             Spelling.reader = reader
-
-
-def _exit_now(code: int) -> None:
-    """Exit with ``code`` at once, where this process is the ``packprep`` program (not a caller's, such
-    as a test runner's): the run has cleaned up, and the interpreter's own teardown of what the run
-    loaded (1.3 s of it in C) would hold a stopped run up. Exit handlers still run."""
-    program = Path(sys.argv[0] if sys.argv else "")
-    if program.name != "packprep" and program.parent.name != "packprep":
-        sys.exit(code)
-    import atexit
-
-    sys.stdout.flush()
-    sys.stderr.flush()
-    atexit._run_exitfuncs()
-    os._exit(code)
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):
@@ -557,6 +554,8 @@ def stats(inputs, tokenizer, max_lens, strategies, global_batch_size, epochs, fo
 
     if plot_path:
         require_matplotlib()
+        refuse_reads("--plot", plot_path, Path(os.path.realpath(plot_path)),
+                     [*inputs, tokenizer, settings.get("mix"), settings.get("model_config")])
     report = stats_(list(inputs), tokenizer, max_lens or None, strategies or None, global_batch_size, epochs,
                     num_proc=num_proc, progress=not quiet, format=format_, dp_size=dp_size,
                     rows_per_step=stats_rows_per_step, **settings)

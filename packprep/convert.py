@@ -40,9 +40,7 @@ def export(folder: str | os.PathLike, to: str, output: str | os.PathLike, *, ove
                           "read each as ordinary packed sequences, every branch of a record's prefix tree attending "
                           "to its siblings. Train them with packprep.training.collate_tree and "
                           "register_tree_attention(), or pack without --shared-prefix for this stack")
-    target = OutputFolder(output, overwrite)
-    if target.final == source or source in target.final.parents:
-        raise ConfigError(f"{output} is {folder} or inside it; choose another output folder")
+    target = OutputFolder(output, overwrite, reads=[folder], option="OUTPUT")
     target.check()
     report = verify(source)  # a stack's own format cannot be verified afterwards: its source is, now
     if not report.ok:

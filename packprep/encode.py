@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from itertools import islice
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol
 
-from .errors import ConfigError, InputError
+from .errors import ConfigError, InputError, WorkerDied
 from .ledger import Ledger, RecordFailure
 from .normalize import Conversation, FieldNames, Policy, Rejected, detect_format, normalize
 from .parts import Part, first_records, read_part
@@ -326,8 +326,8 @@ class DataGuard:
             self._process.join()
             self._receive.close()
             if self._said is None:
-                self._said = ("error", RuntimeError("the data guard's process (tiktoken against HF on the first "
-                                                    f"texts) ended without a verdict, exit code {self._process.exitcode}"))
+                self._said = ("error", WorkerDied.of("the data guard's process (tiktoken against HF on the first "
+                                                     "texts)", self._process.exitcode))
             if self._said[0] == "ok":
                 self.chars = self._said[1][0]
                 DataGuard.checked += self.chars

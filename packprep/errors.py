@@ -20,7 +20,7 @@ EXIT_CODES_HELP = (
     "Exit codes: 0 success; 1 an unexpected internal error (please report it); "
     "2 usage or configuration error (nothing was written); "
     "3 an input file cannot be read, or a record was rejected under --on-error fail; "
-    "4 verification failed; 5 the output could not be written (disk full, permissions); "
+    "4 verification failed; 5 the output could not be written (disk full, permissions, a worker process killed); "
     "6 the push to the Hugging Face Hub failed (no or invalid token, no write access, no network, "
     "unknown branch); 7 the folder is laid out for another training stack (torchtune, LLaMA-Factory, Axolotl, "
     "Megatron) and cannot be read back as packed rows: verify or inspect the folder it was exported from; "
@@ -77,13 +77,38 @@ def spell(message: str) -> str:
     return _OPTION.sub(python, message)
 
 
+def shown(text: str) -> str:
+    """``text`` printable: bytes that are not UTF-8 (which Python keeps as lone surrogates) as ``\\xff``."""
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a surrogate no bytes were decoded to (JSON's "\ud800")
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def check_utf8(text: str, what: str) -> None:
+    """A ConfigError where ``text`` (a path, a value from the command line) holds bytes that are not
+    UTF-8: the manifest, ``rejects.jsonl`` and the dataset card are UTF-8 files, and so are Parquet's paths."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ConfigError(f"{what} {shown(text)} holds bytes that are not UTF-8 "
+                          f"({shown(text[exc.start:exc.end])}); packprep writes paths and values into UTF-8 files: "
+                          "rename it, or give it in UTF-8") from None
+
+
+NAMED: dict[str, str] = {}  # a file the run made in place of an input, and what the user named: standard input
+
+
 class PackprepError(Exception):
     """Base class: a message meant for the user, plus the exit code the CLI returns."""
 
     exit_code = EXIT_INTERNAL
 
     def __str__(self) -> str:
-        return spell(super().__str__())
+        message = super().__str__()
+        for path, name in NAMED.items():
+            message = message.replace(path, name)
+        return spell(message)
 
 
 class ConfigError(PackprepError):
@@ -108,6 +133,25 @@ class OutputError(PackprepError):
     """The output folder could not be written."""
 
     exit_code = EXIT_OUTPUT
+
+
+class WorkerDied(PackprepError):
+    """A process the run forked died (killed, out of memory): no packprep bug, and nothing was written."""
+
+    exit_code = EXIT_OUTPUT
+
+    @classmethod
+    def of(cls, process: str, exitcode: int | None) -> "WorkerDied":
+        import signal
+
+        if exitcode is not None and exitcode < 0:
+            name = signal.Signals(-exitcode).name if -exitcode in signal.valid_signals() else f"signal {-exitcode}"
+            how = f"was killed by {name}" + (" (the system's out-of-memory killer sends it: see dmesg)"
+                                             if -exitcode == signal.SIGKILL else "")
+        else:
+            how = "ended" + (f" with exit code {exitcode}" if exitcode is not None else "")
+        return cls(f"{process} {how} before its work was done; nothing was written. Run again (where memory is "
+                   "short, with a smaller --num-proc)")
 
 
 class UnreadableLayout(PackprepError):

@@ -52,7 +52,7 @@ def inspect_row(
     except ConfigError as exc:
         raise ConfigError(f"{exc} (the tokenizer the folder was packed with; pass --tokenizer to use another)") from None
     if color is None:
-        color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+        color = sys.stdout is not None and sys.stdout.isatty() and not os.environ.get("NO_COLOR")
 
     ids = np.asarray(record["input_ids"], dtype=np.int64)
     labels = np.asarray(record["labels"], dtype=np.int64)

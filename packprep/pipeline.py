@@ -26,6 +26,7 @@ from .ledger import Ledger, top_reasons
 from .engines import TASKS_PER_WORKER, Engine, LocalEngine, make_engine, runs_per_item
 from .errors import ConfigError, InputError
 from .fates import FATES, PACKED, REJECTED, SPLIT, UNSAMPLED
+from .interrupts import boundary
 from .layout import DEFAULT_LAYOUT, FILES, TREE_LAYOUT, LayoutContext, get_layout, readable_layout
 from .materialize import PackSink, Segments, TokenStore
 from .normalize import CHANGES
@@ -35,9 +36,9 @@ from .progress import Progress
 from .mix import Mixture, Selection, input_starts, open_inputs, plan_rounds
 from .json_scan import scan_json_chunk
 from .parts import Part, PartPlan
-from .read import Source, file_sha256
+from .read import STDIN, Source, file_sha256
 from .settings import PackConfig, RunOptions, repack_config  # PackConfig also as packprep.pipeline.PackConfig, as before
-from .repack import (Stored, StoredShards, check_cuts, check_stored, check_target, folder_mixture, place,
+from .repack import (Stored, StoredShards, check_cuts, check_stored, folder_mixture, place,
                      read_lengths, rebuild_ledger, repacked_from, write_tokens)
 from .split import membership
 from .tokenization import tokenizer_fingerprint
@@ -78,7 +79,7 @@ def pack(
     run = RunOptions(engine, num_proc, ray_address)
     layout = _split_layout(layout, bool(validation_size), config.shared_prefix)
     sources, mixture = open_inputs([inputs] if isinstance(inputs, str) else list(inputs), mix, validation_size)
-    folder = OutputFolder(output, overwrite)
+    folder = OutputFolder(output, overwrite, reads=_reads(sources, mix, tokenizer, config))
     folder.check()
     runner = make_engine(run.engine, run.num_proc, run.ray_address)
     try:
@@ -86,6 +87,13 @@ def pack(
         return _pack_into(folder, encoding, config, layout, runner, progress, mixture)
     finally:
         runner.close()
+
+
+def _reads(sources, mix, tokenizer, config: PackConfig) -> list:
+    """Every path a pack run reads, as typed where it was: the inputs (standard input aside: it is
+    spooled) and the files found in them, the mixture file, the tokenizer, the model config."""
+    local = [source for source in sources if source.named not in STDIN]
+    return [*(s.named for s in local), *(s.path for s in local), mix, tokenizer, config.model_config]
 
 
 def repack(folder, output, *, overwrite: bool = False, num_proc: int | None = None, progress: bool = False,
@@ -111,8 +119,8 @@ def repack(folder, output, *, overwrite: bool = False, num_proc: int | None = No
     recorded = (old.get("balance") or {}).get("cost_model")  # the config it was read from may be elsewhere now
     config = repack_config(old["config"], settings, CostModel(**recorded) if recorded else None)
     layout = _split_layout(layout or old.get("layout") or DEFAULT_LAYOUT, bool(old.get("validation")))
-    target = OutputFolder(output, overwrite)
-    check_target(source, target)
+    target = OutputFolder(output, overwrite, reads=[folder])
+    target.check()
     engine = make_engine("local", run.num_proc)
     try:
         shards = StoredShards.open(source, old, config)
@@ -244,6 +252,7 @@ def write_output(tmp, store: TokenStore, ledger: Ledger, config: PackConfig, eng
         manifest["config"]["shard_format"] = layout.shard_format(config.shard_format)
     manifest["layout"] = layout.name
     manifest.update(extra or {})
+    boundary("manifest")
     (tmp / "packprep.json").write_text(json.dumps(manifest, indent=2) + "\n")
     (tmp / "README.md").write_text(render_card(manifest))
     report = verify(tmp, check_hashes=False, checked=checked, checked_validation=checked_validation)

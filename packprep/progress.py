@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import sys
+
+from .interrupts import boundary
+
 
 class Progress:
     """A tqdm bar on stderr (or nothing, when disabled) that also shows tokens and tokens/s."""
 
     def __init__(self, enabled: bool, total, desc: str, unit: str):
+        boundary(desc)  # a stage starts
         self._bar = None
         self._tokens = 0
-        if enabled:
+        if enabled and sys.stderr is not None:  # closed (`2>&-`): no bar to draw
             from tqdm import tqdm
 
             self._bar = tqdm(total=total, desc=desc, unit=unit, unit_scale=True, dynamic_ncols=True)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from .errors import ConfigError, InputError
+from .errors import NAMED, ConfigError, InputError, check_utf8
 from .json_keys import repeated_key, repeated_key_reason, repeated_keys
 
 JSON_SUFFIXES = (".json", ".json.gz", ".json.zst")
@@ -83,6 +83,8 @@ def resolve_inputs(inputs: list[str]) -> list[Source]:
             found = resolve_inputs(matches)
         else:
             found = _resolve(spec)
+        for source in found:
+            check_utf8(source.path, "the input")
         sources.extend(Source(s.path, s.kind, named=spec) for s in found)
     return sources
 
@@ -97,9 +99,13 @@ def spool_stdin() -> str:
     import sys
     import tempfile
 
+    if sys.stdin is None:  # closed (`<&-`): nothing can be read from it
+        raise ConfigError("standard input ('-') is closed: pipe the data into it (cat chats.jsonl | packprep pack - ...)"
+                          ", or give the file itself")
     folder = tempfile.mkdtemp(prefix="packprep-stdin-")
     atexit.register(shutil.rmtree, folder, True)
     path = os.path.join(folder, "stdin.jsonl")
+    NAMED[path] = "standard input ('-')"
     with open(path, "wb") as handle:
         shutil.copyfileobj(sys.stdin.buffer, handle, 1 << 20)
     return path

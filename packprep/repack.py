@@ -35,17 +35,8 @@ from .ledger import Ledger
 from .materialize import Spilled, TokenStore, spill_path
 from .mix import MixSource, Mixture
 from .plan import overlong_fates
-from .write import OutputFolder
 
 TOKEN_COLUMNS = ("ids", "labels")  # the token store's two files (materialize.spill_path)
-
-
-def check_target(folder: Path, target: OutputFolder) -> None:
-    """Refuse an output folder that is the folder read, or inside it (through symbolic links too)."""
-    folder = folder.resolve()
-    if target.final == folder or folder in target.final.parents:
-        raise ConfigError(f"{target.final} is {folder} or inside it; choose another output folder")
-    target.check()
 
 
 def repacked_from(folder: Path, manifest: dict) -> dict:

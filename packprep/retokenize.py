@@ -23,12 +23,13 @@ from .layout import IGNORE_INDEX, ShardReader
 from .normalize import FieldNames, Policy, Rejected, detect_format, normalize
 from .template_fit import fit_to_template
 from .parts import stream_records
+from .errors import ConfigError
 from .read import STDIN, file_sha256, resolve_inputs, spool_stdin
 from .control_text import ControlText, render_record
 from .encode import chosen_record
 from .render import ChatTemplate, Rendered
 from .template_inputs import DEFAULT_DATE, prepare_template
-from .tokenization import load_tokenizer
+from .tokenization import load_tokenizer, tokenizer_files_sha256
 from .turn_ids import exact_sequences
 
 
@@ -51,7 +52,7 @@ def retokenize_check(folder: Path, manifest: dict, n: int, seed: int = 0) -> tup
     _read_tokens(folder, manifest, sample)
     records = _records(manifest, sorted({s.source_index for s in sample}))
     config = manifest["config"]
-    tokenizer = load_tokenizer(manifest["tokenizer"]["name_or_path"], transformers=True)
+    tokenizer = _packed_tokenizer(manifest["tokenizer"])
     variables = prepare_template(tokenizer, config.get("chat_template"), config.get("date", DEFAULT_DATE),
                                  config.get("template_args"))
     template = ChatTemplate(tokenizer, transformers=True, variables=variables)
@@ -75,6 +76,17 @@ def retokenize_check(folder: Path, manifest: dict, n: int, seed: int = 0) -> tup
             where = records[seq.source_index][0]
             failures.append((seq.shard, f"sequence of {where}: {problem}", seq.row))
     return len(sample), failures
+
+
+def _packed_tokenizer(said: dict):
+    """The tokenizer the folder was packed with, loaded by transformers; a folder whose files changed
+    since is another tokenizer, whose tokens say nothing about the output."""
+    name = said["name_or_path"]
+    tokenizer = load_tokenizer(name, transformers=True)
+    if said.get("kind") == "folder" and said.get("files_sha256") not in (None, tokenizer_files_sha256(name)):
+        raise ConfigError(f"--retokenize: the tokenizer {name} changed since the folder was packed (its files' "
+                          f"sha256 differs); {AS_PACKED}")
+    return tokenizer
 
 
 def _sample(folder: Path, manifest: dict, n: int, seed: int) -> list[Sampled]:
@@ -130,18 +142,24 @@ def _records(manifest: dict, wanted: list[int]) -> dict[int, tuple[str, object, 
                 path, why = _stdin_again(entry)
             if why is None and entry.get("sha256") and Path(path).is_file() and file_sha256(path) != entry["sha256"]:
                 why = (f"standard input is not the data packed from it (sha256 differs); {STDIN_AGAIN}" if stdin
-                       else f"{path} changed since it was packed (sha256 differs)")
+                       else f"{path} changed since it was packed (sha256 differs); {AS_PACKED}")
             elif why is None:
                 (source,) = resolve_inputs([path])
                 records = {k: r for k, r in enumerate(islice(stream_records(source), max(mine) + 1)) if k in mine}
         except Exception as exc:  # the input moved, or cannot be read from here
-            why = f"cannot read {path} ({exc}); run verify where pack ran"
+            why = f"cannot read {path} ({exc}); run verify where pack ran, or verify without --retokenize"
+        if why:  # the inputs are not those packed: nothing is known about the output
+            raise ConfigError(f"--retokenize: {why}")
         path = "standard input" if stdin else path
         for k, i in mine.items():
             record = records.get(k)
             where = f"{path}, line {record.line}" if record is not None and record.line else f"{path}, record {k}"
-            found[i] = (where, None, why or "the record is missing") if record is None else (where, record.data, entry["format"])
+            found[i] = (where, None, "the record is missing") if record is None else (where, record.data, entry["format"])
     return found
+
+
+AS_PACKED = ("it checks records against the inputs and the tokenizer as they were packed: give them "
+             "back, or verify without --retokenize")
 
 
 STDIN_AGAIN = "pipe the same data into verify (cat chats.jsonl | packprep verify DIR --retokenize N)"

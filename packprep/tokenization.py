@@ -376,21 +376,29 @@ def _first_token_at_or_after(encoding, char: int, n_tokens: int, text_length: in
     return token if start >= char else token + 1
 
 
+def tokenizer_files_sha256(folder: str) -> str:
+    """The sha256 of a tokenizer folder's files that say how it tokenizes and renders."""
+    import hashlib
+
+    files_hash = hashlib.sha256()
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        if os.path.isfile(path) and name.startswith(("tokenizer", "special_tokens", "vocab", "merges", "chat_template")):
+            files_hash.update(name.encode())
+            with open(path, "rb") as handle:
+                files_hash.update(handle.read())
+    return files_hash.hexdigest()
+
+
 def tokenizer_fingerprint(tokenizer, name_or_path: str) -> dict:
     """What the manifest records about the tokenizer: enough to tell two tokenizers apart."""
     import hashlib
     import json
 
-    files_hash = hashlib.sha256()
     if os.path.isdir(name_or_path):
-        for name in sorted(os.listdir(name_or_path)):
-            path = os.path.join(name_or_path, name)
-            if os.path.isfile(path) and name.startswith(("tokenizer", "special_tokens", "vocab", "merges", "chat_template")):
-                files_hash.update(name.encode())
-                with open(path, "rb") as handle:
-                    files_hash.update(handle.read())
+        files_sha256 = tokenizer_files_sha256(name_or_path)
     else:
-        files_hash.update(json.dumps(tokenizer.backend_tokenizer.to_str()).encode())
+        files_sha256 = hashlib.sha256(json.dumps(tokenizer.backend_tokenizer.to_str()).encode()).hexdigest()
     template = template_source(tokenizer) or ""  # the text only: compiling it again would cost up to 30 ms
     return {
         "name_or_path": name_or_path,  # as the user named it
@@ -398,6 +406,6 @@ def tokenizer_fingerprint(tokenizer, name_or_path: str) -> dict:
         "class": type(tokenizer).__name__,
         "vocab_size": len(tokenizer),
         "eos_token": tokenizer.eos_token,
-        "files_sha256": files_hash.hexdigest(),
+        "files_sha256": files_sha256,
         "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest() if template else None,
     }

@@ -121,7 +121,10 @@ def verify(folder: str | Path, check_hashes: bool = True, retokenize: int = 0, s
     """Check ``folder`` against the output contract; never raises on bad data, reports it.
 
     ``retokenize=N`` also rebuilds N randomly chosen sequences (``seed``) from the input records
-    the manifest names and compares ids and labels (the inputs must be readable from here).
+    the manifest names and compares ids and labels, where the folder passed the other checks; the
+    inputs and the tokenizer must be those packed and readable from here, else a ConfigError says so
+    (a verdict on inputs, not on the output). A folder with neither a manifest nor ``data/`` is no
+    packed folder: a ConfigError too.
     ``checker(context, shards)`` checks the shards (default: one by one in this process;
     ``packprep.pipeline.verify_folder`` runs it on an engine); the report is the same with any.
     ``checked``: the manifest's shards already checked, in its order (``pack`` checks the shards it
@@ -131,6 +134,9 @@ def verify(folder: str | Path, check_hashes: bool = True, retokenize: int = 0, s
     """
     check_verify(retokenize, seed)
     folder = Path(folder)
+    if not (folder / "packprep.json").exists() and not (folder / "data").exists():
+        raise ConfigError(f"{folder} is not a packed output folder (no packprep.json, no data/): give the folder "
+                          "pack wrote")
     report = Report()
     manifest = _load_manifest(folder, report, check_hashes if checked is not None else None)
     if manifest is None:
@@ -159,7 +165,7 @@ def verify(folder: str | Path, check_hashes: bool = True, retokenize: int = 0, s
     indices_valid = not any(f.check == "source_index" for f in report.failures)
     _check_coverage(folder, manifest, seen, report, judge_packed=complete and indices_valid)
     _check_counts(manifest, report, supervised if complete else None)
-    if retokenize > 0 and complete:
+    if retokenize > 0 and complete and report.ok:  # a folder that fails is not compared with its inputs
         from .retokenize import retokenize_check
 
         report.retokenized, failures = retokenize_check(folder, manifest, retokenize, seed)
@@ -262,6 +268,9 @@ def check_footers(folder: str | Path) -> Report:
     footers (not their rows): the manifest against its schema, every listed shard there with its size
     and row count, the counts adding up, rejects.jsonl's entries. ``repack`` runs it before any work."""
     folder = Path(folder)
+    if not (folder / "packprep.json").exists() and not (folder / "data").exists():
+        raise ConfigError(f"{folder} is not a packed output folder (no packprep.json, no data/): give the folder "
+                          "pack wrote")
     report = Report()
     manifest = _load_manifest(folder, report)
     if manifest is None:

@@ -21,8 +21,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .errors import ConfigError, OutputError
-from .interrupts import COMMITTED, stops_held
+from .errors import ConfigError, OutputError, check_utf8
+from .interrupts import COMMITTED, boundary, stops_held
 from .layout import DEFAULT_LAYOUT, FILES, IGNORE_INDEX, ROW_SCHEMA, LayoutContext, ShardReader, get_layout
 from .materialize import Segments, TokenStore, materialize
 from .join import join_pieces
@@ -55,15 +55,21 @@ def parse_size(text: str | int) -> int:
 
 
 class OutputFolder:
-    """The output path, guarded: refused if it exists without ``overwrite``, written atomically."""
+    """The output path, guarded: refused if it exists without ``overwrite``, or where it is, holds or
+    lies inside a path the run reads (``reads``: files and folders as typed); written atomically."""
 
-    def __init__(self, path: str | os.PathLike, overwrite: bool = False):
+    def __init__(self, path: str | os.PathLike, overwrite: bool = False, reads=(), option: str = "--output"):
+        self.named, self.option = os.fsdecode(path), option
         self.final = _through_links(Path(path).absolute())
         self.overwrite = overwrite
+        self.reads = list(reads)
         self.tmp = self.final.parent / f".{self.final.name}.packprep-tmp-{os.getpid()}"
 
     def check(self) -> None:
-        """Fail before any work if the output cannot be written."""
+        """Fail before any work if the output cannot be written, or if writing it would replace or
+        change a file or folder the run reads (with or without ``overwrite``)."""
+        check_utf8(str(self.final), self.option)
+        refuse_reads(self.option, self.named, self.final, self.reads)
         if self.final.exists() and not self.overwrite:
             raise ConfigError(f"{self.final} already exists; pass --overwrite to replace it, or choose another --output")
         if self.final.exists() and not self.final.is_dir():
@@ -75,6 +81,7 @@ class OutputFolder:
             raise ConfigError(f"{parent} is a file, not a folder; choose another --output")
         if not os.access(parent, os.W_OK | os.X_OK):
             raise ConfigError(f"{parent} is not writable; choose another --output")
+        boundary("checked")
 
     @contextmanager
     def staging(self) -> Iterator[Path]:
@@ -86,6 +93,7 @@ class OutputFolder:
         try:
             self.tmp.mkdir()
             (self.tmp / "data").mkdir()
+            boundary("staged")
             yield self.tmp
         except OSError as exc:
             shutil.rmtree(self.tmp, ignore_errors=True)
@@ -97,17 +105,21 @@ class OutputFolder:
     def commit(self) -> None:
         """Move the finished temporary folder into place (replacing the old one under overwrite), with
         Ctrl-C held back: a stop lands before (nothing at the path) or after (the folder complete)."""
+        boundary("commit")
         old = None
-        with stops_held():
-            if self.final.exists():
-                if not self.overwrite:
-                    raise ConfigError(f"{self.final} appeared while packing; pass --overwrite to replace it")
-                old = self.final.parent / f".{self.final.name}.packprep-old-{os.getpid()}"
-                os.rename(self.final, old)
-            os.rename(self.tmp, self.final)
-            COMMITTED.append(self.final)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        try:
+            with stops_held():
+                if self.final.exists():
+                    if not self.overwrite:
+                        raise ConfigError(f"{self.final} appeared while packing; pass --overwrite to replace it")
+                    old = self.final.parent / f".{self.final.name}.packprep-old-{os.getpid()}"
+                    os.rename(self.final, old)
+                os.rename(self.tmp, self.final)
+                COMMITTED.append(self.final)
+        finally:  # a stop held back lands as the block ends: the replaced folder goes all the same
+            if old is not None and self.final in COMMITTED:
+                shutil.rmtree(old, ignore_errors=True)
+        boundary("committed")
 
     def _remove_stale_siblings(self) -> None:
         pattern = re.compile(rf"^\.{re.escape(self.final.name)}\.packprep-(?:tmp|old)-(\d+)$")
@@ -129,6 +141,35 @@ def _through_links(path: Path) -> Path:
         raise ConfigError(f"{path} is a symbolic link to {os.readlink(path)}, which does not exist; remove the "
                           "link or choose another --output")
     return resolved
+
+
+def refuse_reads(option: str, named: str, final: Path, reads) -> None:
+    """A ConfigError where the output ``final`` (links followed; ``named`` as given to ``option``) is,
+    holds or lies inside one of ``reads``, the paths the run reads as given (None, or missing: skipped)."""
+    for read in reads:
+        relation = _relation(final, os.fsdecode(read)) if read is not None and os.path.lexists(read) else None
+        if relation:
+            raise ConfigError(f"{option} {named} {relation} {os.fsdecode(read)}, which this run reads; writing it "
+                              "would replace or change an input: choose an output apart from the inputs")
+
+
+def _relation(output: Path, read: str) -> str | None:
+    """How the output folder (links followed) stands to a path the run reads, as the link itself and as
+    what it names: ``is``, ``holds`` (replacing the output deletes it) or ``is inside``; None: apart."""
+    path, forms = Path(os.path.abspath(read)), []
+    for form in (lambda: path.parent.resolve() / path.name, path.resolve):
+        try:
+            forms.append(form())
+        except (RuntimeError, OSError):  # a link loop: nothing is read through it
+            pass
+    for form in forms:
+        if output == form:
+            return "is"
+        if output in form.parents:
+            return "holds"
+        if form in output.parents:
+            return "is inside"
+    return None
 
 
 def _pid_alive(pid: int) -> bool:

@@ -378,3 +378,64 @@ def test_random_strategy_with_overlong_split_keeps_rows_within_max_len(tmp_path)
                              strategy="random", overlong="split", seed=5, num_proc=1)
     assert manifest["max_row_len"] <= 256
     assert manifest["counts"]["split"] == 1
+
+
+# A stop at every moment between two stages of each writing command (packprep.interrupts.boundary names them):
+# the run waits at the boundary named by PACKPREP_PAUSE_AT and is stopped there. SIGINT goes to the whole
+# process group (a terminal's Ctrl-C), SIGTERM to the process alone (kill, a scheduler).
+WRITERS = {
+    "pack": lambda packed: ["pack", str(EXAMPLE_CHATS), "-t", TOKENIZER, "--max-len", "512", "--num-proc", "2", "-q",
+                            "--validation-size", "0.1", "-o"],
+    "repack": lambda packed: ["repack", str(packed), "--strategy", "bfd", "--num-proc", "2", "-q", "-o"],
+    "export": lambda packed: ["export", str(packed), "--to", "trl"],
+}
+IN_PLACE = ("committed", "end", "exit")  # the folder is in place: a stop lets it stand
+
+
+def passed_boundaries(args: list[str], tmp_path: Path) -> list[str]:
+    listed = tmp_path / "boundaries"
+    subprocess.run([sys.executable, "-m", "packprep", *args, str(tmp_path / "listed")], check=True,
+                   capture_output=True, env={**ENV, "PACKPREP_BOUNDARIES": str(listed)}, timeout=120)
+    return list(dict.fromkeys(listed.read_text().splitlines()))
+
+
+def stop_at_boundary(args: list[str], out: Path, name: str, stop: int) -> subprocess.CompletedProcess:
+    proc = subprocess.Popen([sys.executable, "-m", "packprep", *args, str(out)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**ENV, "PACKPREP_PAUSE_AT": name},
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    before = []
+    for line in proc.stderr:
+        before.append(line)
+        if line == f"paused at {name}\n":
+            break
+    (os.killpg if stop == signal.SIGINT else os.kill)(proc.pid, stop)
+    stdout, stderr = proc.communicate(timeout=60)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, "".join(before) + stderr)
+
+
+def stops_at(command: str, name: str, n: int) -> tuple[int, ...]:
+    """Each boundary gets one stop, SIGINT and SIGTERM in turn; SIGTERM once the folder is in place
+    (where it once killed the process, status 143), and both there for export, the fastest command."""
+    if name in IN_PLACE:
+        return (signal.SIGTERM, signal.SIGINT) if command == "export" else (signal.SIGTERM,)
+    return ((signal.SIGINT, signal.SIGTERM)[n % 2],)
+
+
+@pytest.mark.parametrize("command", sorted(WRITERS))
+def test_a_stop_at_every_boundary_of_each_writing_command(command, packed_small, tmp_path):
+    args = WRITERS[command](packed_small)
+    names = passed_boundaries(args, tmp_path)
+    assert {"checked", "staged", "commit", *IN_PLACE} <= set(names) and len(names) >= 7 - (command == "export"), names
+    for n, name in enumerate(names):
+        for stop in stops_at(command, name, n):
+            out = tmp_path / f"out-{n}-{stop}"
+            result = stop_at_boundary(args, out, name, stop)
+            assert f"paused at {name}\n" in result.stderr and "Traceback" not in result.stderr, result.stderr
+            if name in IN_PLACE:
+                assert result.returncode == 0, (name, stop, result.returncode, result.stderr)
+                assert packprep.verify(out).ok
+            else:
+                assert result.returncode == 130, (name, stop, result.returncode, result.stderr)
+                assert result.stderr.endswith("interrupted; no output was written\n") and not out.exists()
+            assert siblings(out) == [], "nothing left beside DIR"
+    assert packprep.verify(packed_small).ok, "the folder read is untouched"

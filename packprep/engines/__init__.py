@@ -16,12 +16,15 @@ import gc
 import multiprocessing
 import multiprocessing.util  # its exit handler, which joins child processes, is registered on import: before ours
 import os
+import signal
 import threading
 import time
 from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Iterable, Iterator, Protocol
 
+from ..errors import WorkerDied
 from ..interrupts import ignore_stops, stops_held
 
 ENGINES = ("local", "ray")
@@ -135,6 +138,18 @@ class ForkedWorkers:
         with stops_held():  # the workers are forked on the first submit
             return self.pool.submit(_call, fn, item)
 
+    def result(self, future: Future) -> Any:
+        """The task's result; a worker that died (killed, out of memory) is said as such, not as a bug."""
+        try:
+            return future.result()
+        except BrokenProcessPool:
+            processes = list((getattr(self.pool, "_processes", None) or {}).values())
+            self.pool.shutdown(wait=True, cancel_futures=True)  # its thread reaps the processes: then they are known
+            ended = [p.exitcode for p in processes if p.exitcode not in (None, 0)]
+            # the dead one first: the pool then sends SIGTERM to the others
+            ended.sort(key=lambda code: code == -signal.SIGTERM)
+            raise WorkerDied.of("a worker process", ended[0] if ended else None) from None
+
     def close(self, stop: bool = False) -> None:
         """Cancel the tasks not started and wait for the running ones (``stop``: end them now, the run
         was interrupted): none runs after this."""
@@ -170,7 +185,7 @@ class LocalEngine:
         pool = ForkedWorkers(context, workers)
         stop = False
         try:
-            yield from ordered(lambda item: pool.submit(fn, item), Future.result, items,
+            yield from ordered(lambda item: pool.submit(fn, item), pool.result, items,
                                workers * IN_FLIGHT_PER_WORKER)
         except KeyboardInterrupt:
             stop = True

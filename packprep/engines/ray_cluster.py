@@ -24,7 +24,7 @@ import os
 import threading
 from collections import deque
 
-from ..errors import ConfigError
+from ..errors import ConfigError, WorkerDied
 from . import IN_FLIGHT_PER_WORKER, ForkedWorkers, ordered
 
 QUEUED_PER_NODE = 1  # calls sent a node beyond its workers: its next task waits there while they run (not
@@ -116,7 +116,7 @@ class NodeWorkers:
                 self._end()  # one stage at a time: the last stage's workers end first
                 self.workers, self.key = ForkedWorkers(ray.get(ref), processes), ref.hex()
             workers = self.workers
-        return workers.submit(fn, item).result()
+        return workers.result(workers.submit(fn, item))
 
     def stop(self) -> None:
         """End the stage's workers: tasks not started are cancelled, running ones finish."""
@@ -232,6 +232,8 @@ class _Stage:
             return ray.get(task.ref)
         except ray.exceptions.RayTaskError as error:
             raise error.cause from error
+        except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as error:  # a node's process died
+            raise WorkerDied.of(f"a Ray worker process ({type(error).__name__})", None) from error
 
     def stop(self) -> None:
         """End the stage on every node it used: tasks not started are cancelled, running ones (those of
