@@ -55,6 +55,7 @@ from typing import Any
 
 from .assistant_turns import ARGUMENTS_TEXT, GIVEN, REASONING_FIELDS, place_reasoning, shape_calls, with_reasoning
 from .errors import ConfigError, Rejected
+from .json_limits import JSONLimit, check_depth, loads
 
 FORMATS = ("sharegpt", "openai", "alpaca", "text")
 
@@ -160,6 +161,7 @@ def normalize(record: Any, fmt: str, fields: FieldNames = FieldNames(), policy: 
     if not isinstance(record, dict):
         raise Rejected(f"record is a JSON {_json_type(record)}, expected an object", "not_an_object")
     try:
+        check_depth(record, "the record")
         if fmt in ("sharegpt", "openai"):
             key = fields.messages or ("conversations" if fmt == "sharegpt" else "messages")
             conversation = _chat(record, key)
@@ -169,6 +171,8 @@ def normalize(record: Any, fmt: str, fields: FieldNames = FieldNames(), policy: 
             return _text(record, fields.text)
         else:
             raise ValueError(f"unknown format {fmt!r}")
+    except JSONLimit as exc:  # the record's own nesting, or a JSON text inside one of its strings
+        raise Rejected(str(exc), exc.code) from None
     except Rejected as exc:
         detail = schema_problem(record, fmt, fields)
         reason = f"{exc} ({detail})" if detail and detail not in str(exc) else str(exc)
@@ -250,7 +254,7 @@ def _speaker(turn, number: int, field_name: str) -> str:
 def _calls_from_text(text: str, number: int) -> list[dict]:
     """A ShareGPT ``function_call`` value: the JSON of one call ``{"name", "arguments"}``, or a list of them."""
     try:
-        value = json.loads(text)
+        value = loads(text, f"message {number} (a function_call)")
     except json.JSONDecodeError:
         value = None
     calls = value if isinstance(value, list) else [value]
@@ -267,7 +271,7 @@ def _call(call: Any, number: int) -> dict:
     arguments = function.get("arguments", {})
     if isinstance(arguments, str):
         try:
-            decoded = json.loads(arguments)
+            decoded = loads(arguments, f"message {number}: the arguments of tool call {function['name'][:40]!r}")
         except json.JSONDecodeError:
             decoded = None
         if isinstance(decoded, dict):
@@ -464,7 +468,7 @@ def _turn_list(record: dict, key: str) -> list:
     turns = record[key]
     if isinstance(turns, str):  # some exports store the list as a JSON string
         try:
-            turns = json.loads(turns)
+            turns = loads(turns, f"field {key!r}")
         except json.JSONDecodeError:
             raise Rejected(f"field {key!r} is a string that is not a JSON list", "wrong_type") from None
     if not isinstance(turns, list):
@@ -501,7 +505,7 @@ def _tools(value: Any) -> list | None:
         return None
     if isinstance(value, str):
         try:
-            value = json.loads(value)
+            value = loads(value, "field 'tools'")
         except json.JSONDecodeError:
             raise Rejected("field 'tools' is a string that is not valid JSON", "wrong_type") from None
     if not isinstance(value, list):

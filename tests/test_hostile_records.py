@@ -1,0 +1,93 @@
+"""Hostile data beyond single files: JSON nested thousands deep inside a record's strings or an option,
+numbers longer than Python reads, reasoning given under several names, and templates that build
+gigabytes without writing them. Each ends in a counted rejection or a one-line error, never an
+internal one."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import packprep
+from packprep.json_limits import MAX_DEPTH
+
+from .test_bad_inputs import assert_clean_exit, assert_nothing_left, invoke, pack_args, read_rejects
+from .test_hostile_inputs import chats, tokenizer_template
+
+DEEP = "[" * 10_000 + "]" * 10_000
+LONG = "1" * 5_001
+USER = {"role": "user", "content": "hi"}
+
+
+def call(arguments) -> dict:
+    return {"messages": [USER, {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "f", "arguments": arguments}}]}, {"role": "tool", "content": "r"},
+        {"role": "assistant", "content": "ok"}]}
+
+
+def function_call(value: str) -> dict:
+    return {"conversations": [{"from": "human", "value": "hi"}, {"from": "function_call", "value": value},
+                              {"from": "observation", "value": "r"}, {"from": "gpt", "value": "ok"}]}
+
+
+def nested(depth: int) -> str:
+    return '{"a": ' * depth + "1" + "}" * depth
+
+
+RECORDS = {  # a record's field holding JSON text or a value past the bounds -> the rejection's code
+    "arguments string 10,000 deep": (call(DEEP), "nested_too_deep"),
+    "arguments string 500 deep, readable": (call(nested(500)), "nested_too_deep"),
+    "arguments string with a 5,001-digit number": (call('{"a": ' + LONG + "}"), "number_too_long"),
+    "function_call 5,000 deep": (function_call('{"name": "f", "arguments": ' + nested(5_000) + "}"), "nested_too_deep"),
+    "function_call with a 5,001-digit number": (function_call('{"name": "f", "arguments": {"a": ' + LONG + "}}"),
+                                                "number_too_long"),
+    "messages as a string 10,000 deep": ({"messages": DEEP}, "nested_too_deep"),
+    "tools as a string 10,000 deep": ({"messages": [USER, {"role": "assistant", "content": "ok"}], "tools": DEEP},
+                                      "nested_too_deep"),
+}
+
+
+def write_lines(path, lines: list[str]):
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+@pytest.mark.parametrize("name", sorted(RECORDS))
+def test_json_nested_too_deep_or_too_long_inside_a_record_is_a_counted_rejection(tmp_path, name):
+    record, code = RECORDS[name]
+    good = json.dumps({"messages": [USER, {"role": "assistant", "content": "fine"}]})
+    data = write_lines(tmp_path / "chats.jsonl", [good, json.dumps(record), good])
+    out = tmp_path / "out"
+    assert_clean_exit(invoke(*pack_args(data, out)), 0)
+    [reject] = read_rejects(out)
+    assert (reject["line"], reject["code"]) == (2, code), reject
+    assert ("more than 100 deep" if code == "nested_too_deep" else "more than 4,300 digits") in reject["reason"]
+    assert packprep.verify(out).ok
+
+
+@pytest.mark.parametrize("depth, code", [(MAX_DEPTH - 20, None), (MAX_DEPTH + 1, "nested_too_deep"),
+                                         (900, "nested_too_deep")])
+def test_a_record_nested_deep_as_objects_is_packed_or_rejected_by_the_same_bound(tmp_path, depth, code):
+    """Arguments given as an object nested past the bound (readable by the JSON reader, deeper than
+    the walkers after it take) are rejected as the same text in a string is."""
+    head = json.dumps(call({}))
+    text = head.replace('"arguments": {}', '"arguments": ' + nested(depth))
+    data = write_lines(tmp_path / "chats.jsonl", [json.dumps({"messages": [USER, {"role": "assistant", "content": "x"}]}),
+                                                  text])
+    out = tmp_path / "out"
+    assert_clean_exit(invoke(*pack_args(data, out)), 0)
+    assert [r["code"] for r in read_rejects(out)] == ([code] if code else [])
+
+
+@pytest.mark.parametrize("value, message", [
+    (DEEP[:10_000 // 2] + DEEP[-10_000 // 2:], "--template-arg x nests arrays and objects more than 100 deep"),
+    (nested(MAX_DEPTH + 1), "--template-arg x nests arrays and objects more than 100 deep"),
+    (LONG, "--template-arg x holds a number of more than 4,300 digits"),
+])
+def test_a_template_arg_too_deep_or_too_long_is_a_clear_error(tmp_path, value, message):
+    out = tmp_path / "out"
+    result = invoke(*pack_args(chats(tmp_path, "hi"), out, "--template-arg", f"x={value}"))
+    assert_clean_exit(result, 2)
+    assert message in result.output
+    assert_nothing_left(tmp_path, out)
