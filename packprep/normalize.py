@@ -35,7 +35,8 @@ each conversation, and each counts what it changed (``Conversation.changes``; th
 ``roles_mapped``
     OpenAI's ``developer``, ``ipython`` and ``function`` roles go to the template as they are
     unless it refuses them (raises); where it does, as ``system`` (developer) or ``tool``, counted.
-``tool_call_text_dropped`` / ``reasoning_trained`` / ``reasoning_inlined`` / ``reasoning_dropped``
+``tool_call_text_dropped`` / ``reasoning_trained`` / ``reasoning_inlined`` / ``reasoning_dropped`` /
+``reasoning_spellings_dropped``
     An assistant's reasoning and tool calls in the shape the template reads them; what became of
     each turn's reasoning is counted once rendered (assistant_turns.py, render.py;
     ``--reasoning inline|drop|reject``).
@@ -53,7 +54,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-from .assistant_turns import ARGUMENTS_TEXT, GIVEN, REASONING_FIELDS, place_reasoning, shape_calls, with_reasoning
+from .assistant_turns import ARGUMENTS_TEXT, GIVEN, OTHERS, REASONING_FIELDS, place_reasoning, shape_calls, with_reasoning
 from .errors import ConfigError, Rejected
 from .json_limits import JSONLimit, check_depth, loads
 
@@ -88,7 +89,7 @@ CONSECUTIVE = ("merge", "keep", "reject")
 SYSTEM = ("auto", "keep", "fold")
 CHANGES = ("leading_turns_dropped", "turns_merged", "system_folded", "tool_calls_as_text", "tool_results_as_user",
            "control_text_in_content", "tool_call_text_dropped", "reasoning_inlined", "reasoning_dropped",
-           "template_kwargs", "roles_mapped", "reasoning_trained")
+           "template_kwargs", "roles_mapped", "reasoning_trained", "reasoning_spellings_dropped")
 TOOL_CALLS = ("text", "reject")  # tool calls for a template that renders none (--tool-calls)
 
 
@@ -397,6 +398,8 @@ def _merge_consecutive(messages: list[dict], policy: Policy, counts: Counter) ->
         for name in REASONING_FIELDS:  # both turns' reasoning, under the field the template reads
             if before.get(name) or message.get(name):
                 merged[name] = "\n\n".join(p for p in (before.get(name), message.get(name)) if p)
+        if before.get(OTHERS) or message.get(OTHERS):  # either turn's dropped spellings, counted once it is placed
+            merged[OTHERS] = 1
         if before.get("tool_calls") or message.get("tool_calls"):
             merged["tool_calls"] = list(before.get("tool_calls") or []) + list(message.get("tool_calls") or [])
         out[-1] = merged
@@ -431,6 +434,8 @@ _CHANGE_TEXT = {
     "roles_mapped": "{n} developer/ipython/function messages given as system or tool (the template renders no such "
                     "role)",
     "reasoning_trained": "{n} assistant turns' reasoning trained as the template writes it",
+    "reasoning_spellings_dropped": "{n} assistant turns gave reasoning under several names with other texts: the "
+                                   "first of reasoning_content, reasoning, thinking kept, the others dropped",
 }
 
 

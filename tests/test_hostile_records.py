@@ -91,3 +91,26 @@ def test_a_template_arg_too_deep_or_too_long_is_a_clear_error(tmp_path, value, m
     assert_clean_exit(result, 2)
     assert message in result.output
     assert_nothing_left(tmp_path, out)
+
+
+def test_reasoning_under_several_names_keeps_the_first_and_counts_the_others(tmp_path):
+    """reasoning_content, reasoning and thinking all given, all different: reasoning_content is trained,
+    the turn counted in reasoning_spellings_dropped (the same texts are no loss: not counted)."""
+    turn = {"role": "assistant", "content": "ok", "reasoning_content": "FIRST", "reasoning": "SECOND", "thinking": "THIRD"}
+    same = {"role": "assistant", "content": "ok", "reasoning_content": "SAME", "reasoning": "SAME"}
+    data = write_lines(tmp_path / "chats.jsonl", [json.dumps({"messages": [USER, turn]}),
+                                                  json.dumps({"messages": [USER, same]})])
+    out = tmp_path / "out"
+    result = invoke(*pack_args(data, out))
+    assert_clean_exit(result, 0)
+    normalized = json.loads((out / "packprep.json").read_text())["counts"]["normalized"]
+    assert normalized["reasoning_spellings_dropped"] == 1 and normalized["reasoning_inlined"] == 2
+    assert "1 assistant turns gave reasoning under several names with other texts" in " ".join(result.output.split())
+    import pyarrow.parquet as pq
+    from tokenizers import Tokenizer
+
+    from .conftest import EXAMPLE_TOKENIZER
+
+    text = Tokenizer.from_file(str(EXAMPLE_TOKENIZER / "tokenizer.json")).decode(
+        pq.read_table(next((out / "data").glob("*.parquet"))).column("input_ids").to_pylist()[0])
+    assert "FIRST" in text and "SECOND" not in text and "THIRD" not in text
