@@ -11,6 +11,7 @@ import pytest
 
 import packprep
 from packprep.json_limits import MAX_DEPTH
+from packprep.tokenizer_folder import RenderTooLong, compile_template, faster_sandbox
 
 from .test_bad_inputs import assert_clean_exit, assert_nothing_left, invoke, pack_args, read_rejects
 from .test_hostile_inputs import chats, tokenizer_template
@@ -114,3 +115,53 @@ def test_reasoning_under_several_names_keeps_the_first_and_counts_the_others(tmp
     text = Tokenizer.from_file(str(EXAMPLE_TOKENIZER / "tokenizer.json")).decode(
         pq.read_table(next((out / "data").glob("*.parquet"))).column("input_ids").to_pylist()[0])
     assert "FIRST" in text and "SECOND" not in text and "THIRD" not in text
+
+
+HOSTILE_TEMPLATES = {  # each builds over 67M characters (or digits' worth of bytes) without writing them
+    "a string doubled in a namespace": "{% set ns = namespace(s='x') %}{% for i in range(27) %}"
+                                       "{% set ns.s = ns.s + ns.s %}{% endfor %}",
+    "a string doubled with ~": "{% set ns = namespace(s='x') %}{% for i in range(27) %}{% set ns.s = ns.s ~ ns.s %}"
+                               "{% endfor %}",
+    "a list doubled": "{% set ns = namespace(s=[1]) %}{% for i in range(27) %}{% set ns.s = ns.s + ns.s %}{% endfor %}",
+    "center(10**10)": "{% set s = 'x' | center(10**10) %}",
+    "str.center": "{% set s = 'x'.center(10**10) %}",
+    "ljust": "{% set s = 'x'.ljust(10**10) %}",
+    "a list times 10**9": "{% set s = [1] * 10**9 %}",
+    "a %-format width": "{% set s = '%10000000000s' % 'x' %}",
+    "a format width": "{% set s = '{:10000000000}'.format('x') %}",
+    "the format filter": "{% set s = '%10000000000s' | format('x') %}",
+    "replace": "{% set s = ('x' * 100000) | replace('x', 'y' * 100000) %}",
+    "str.replace": "{% set s = ('x' * 100000).replace('x', 'y' * 100000) %}",
+    "indent": "{% set s = ('\\n' * 100000) | indent(100000) %}",
+    "a power": "{% set s = 10 ** (10 ** 9) %}",
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_TEMPLATES))
+def test_a_template_that_builds_gigabytes_unwritten_is_stopped(name):
+    """The size limit holds for what a template builds, not only for what it writes: each is refused
+    before it is made (the old limit let a doubled string reach 4 GB in 2 s)."""
+    template = faster_sandbox(compile_template(HOSTILE_TEMPLATES[name] + "ok"))
+    with pytest.raises(RenderTooLong):
+        template.render(messages=[USER])
+
+
+def test_the_bounds_leave_ordinary_template_work_as_it_was():
+    source = ("{% set ns = namespace(s='') %}{% for m in messages %}{% set ns.s = ns.s + m.content ~ '|' %}"
+              "{{ m.content | center(8) }}{{ '%-4s' % m.role }}{{ '{:>3}'.format(loop.index) }}{% endfor %}"
+              "{{ ns.s | replace('|', ',') | indent(2) }}{{ 2 ** 10 }}{{ (['a'] * 2) | join }}{{ [1] + [2] }}")
+    text = faster_sandbox(compile_template(source)).render(messages=[USER, {"role": "assistant", "content": "ok"}])
+    assert text == "   hi   user  1   ok   assistant  2hi,ok,1024aa[1, 2]"
+
+
+def test_a_record_whose_template_builds_gigabytes_is_rejected_and_the_rest_kept(tmp_path):
+    tok = tokenizer_template(tmp_path, "{% if boom is defined %}" + HOSTILE_TEMPLATES["a string doubled in a namespace"]
+                             + "{% endif %}")
+    row = {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "ok"}]}
+    data = write_lines(tmp_path / "chats.jsonl", [json.dumps(r) for r in (row, {**row, "chat_template_kwargs":
+                                                                              {"boom": 1}}, row)])
+    out = tmp_path / "out"
+    assert_clean_exit(invoke(*pack_args(data, out, "-t", tok)), 0)
+    [reject] = read_rejects(out)
+    assert (reject["line"], reject["code"]) == (2, "render_too_long")
+    assert packprep.verify(out).ok
