@@ -15,7 +15,7 @@ from packprep.cli import main
 from packprep.errors import EXIT_VERIFY
 from packprep.read import file_sha256
 
-from .conftest import CONVERSATIONS, EXAMPLE_CHATS, EXAMPLE_TOKENIZER, fixture_tokenizer, needs_fixtures
+from .conftest import CONVERSATIONS, EXAMPLE_CHATS, EXAMPLE_TOKENIZER, fixture_tokenizer, needs_fixtures, slow_but
 from .test_labels_reference import FILES
 
 TOKENIZERS = ["llama3", "qwen2.5", "mistral-7b-v0.1", "llama2", "gpt2"]
@@ -121,3 +121,32 @@ def test_retokenize_reads_a_json_array_an_item_at_a_time(tmp_path, monkeypatch):
     report = packprep.verify(out, retokenize=10**6)
     assert report.ok, [str(f) for f in report.failures[:3]]
     assert report.retokenized == manifest["sequences"] > 0
+
+
+REASONING_TEMPLATES = ["qwen3", "qwq", "deepseek-r1-distill-qwen", "deepseek-r1-distill-llama", "qwen3.5", "smollm3",
+                       "kimi-k2-thinking", "glm-4.6", "gpt-oss", "seed-oss", "ministral-3-reasoning", "apriel-1.6",
+                       "nemotron-3-nano", "deepseek-v3.1", "minimax-m2"]
+
+
+@needs_fixtures
+@pytest.mark.parametrize("settings", [{}, {"max_len": 48, "overlong": "truncate"}], ids=["whole", "truncated"])
+@pytest.mark.parametrize("template", slow_but({"qwen3", "deepseek-r1-distill-qwen"}, REASONING_TEMPLATES))
+def test_shared_prefix_folders_of_reasoning_templates_retokenize_equal(tmp_path, template, settings):
+    """Each packed sequence of a shared-prefix folder is a record's prefix tree: verify re-makes the
+    record's sequences, builds their tree and finds it equal (whole, or its first max_len tokens), where
+    it compared the tree with one flat sequence and failed a folder packprep had just written."""
+    from .template_folders import build_zoo_folder
+    from .zoo_shapes import shape_records
+
+    records = [r for shape in ("reasoning_content", "think_inline", "thinking", "chat") for r in shape_records(shape, 3)]
+    data = tmp_path / "chats.jsonl"
+    data.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    out = tmp_path / "out"
+    manifest = packprep.pack(str(data), str(out), str(build_zoo_folder(template, tmp_path / "tok")), num_proc=1,
+                             shared_prefix=True, **settings)
+    counts = manifest["counts"]
+    assert counts["packed"] + counts["truncated"] >= 6 and (counts["truncated"] > 0) == bool(settings)
+    assert "tree_descendants" in pq.read_schema(out / manifest["shards"][0]["path"]).names
+    report = packprep.verify(out, retokenize=100)
+    assert report.ok, [str(f) for f in report.failures[:3]]
+    assert report.retokenized == report.sequences
