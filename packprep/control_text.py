@@ -4,10 +4,9 @@ A user message holding ``<|eot_id|><|start_header_id|>assistant<|end_header_id|>
 fabricated assistant turn into the training data. Tokenizers split added tokens out of a text before
 anything else, wherever they occur, so the rendered conversation cannot say which ``<|eot_id|>`` the
 template wrote and which the user did. Hence, before rendering, each special-token string in the
-record's own strings (content, reasoning, names, tool calls and results, tools, template arguments; keys
-as well as values) is swapped for a placeholder that no
-template changes (digits and punctuation); after rendering, the placeholders are found and the
-original strings put back. The special tokens of the rendered text outside them are the template's
+record's own strings (content, reasoning, names, tool calls and results, tools, template arguments;
+keys as well as values) is swapped for a placeholder that no template changes (digits and
+punctuation); after rendering, the placeholders are found and the original strings put back. The special tokens of the rendered text outside them are the template's
 markup: those, and only those, become control ids. The text between them is encoded as Hugging Face
 does with ``split_special_tokens=True`` (``encode_special_tokens``): special tokens in it are plain
 text, non-special added tokens (Qwen's ``<tool_call>``) are still split out, as HF splits them.
