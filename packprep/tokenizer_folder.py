@@ -26,6 +26,7 @@ from itertools import islice
 from pathlib import Path
 
 from .errors import ConfigError, Rejected
+from .json_limits import loads
 from .template_inputs import DEFAULT_DATE, FixedClock, check_date, named_templates
 
 # Classes that, in transformers 4.45+ and 5.x, load tokenizer.json as it is and add nothing of their
@@ -43,8 +44,8 @@ def loadable(path: str | os.PathLike) -> bool:
     folder = Path(path)
     if not (folder / "tokenizer.json").is_file() or not (folder / "tokenizer_config.json").is_file():
         return False
-    try:
-        config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    try:  # a config nested too deep to read here (json_limits): transformers' loader says what is wrong
+        config = loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"), "tokenizer_config.json")
     except (OSError, ValueError):
         return False
     return config.get("tokenizer_class") in SAME_AS_TOKENIZER_JSON and _specials_added(folder, config)
@@ -63,7 +64,7 @@ def _specials_added(folder: Path, config: dict) -> bool:
     at = data.find("[", data.find('"added_tokens"'))  # that array only, not the vocabulary around it
     try:
         added = json.JSONDecoder().raw_decode(data, at)[0] if at > 0 else []
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
     return named <= {t.get("content") for t in added if isinstance(t, dict)}
 
@@ -110,7 +111,11 @@ class FolderTokenizer:
             if self._sha256 is not None or self._hashing is not None:
                 if hashlib.sha256(data).hexdigest() != self.file_sha256:  # what the cached facts describe
                     raise ConfigError(f"{self.name_or_path}/tokenizer.json changed while packprep was using it")
-            self._backend = Tokenizer.from_buffer(data)
+            try:
+                self._backend = Tokenizer.from_buffer(data)
+            except Exception as exc:  # the library's own error for a file it cannot read: broken, or nested too deep
+                raise ConfigError(f"tokenizer {self.name_or_path!r}: its tokenizer.json cannot be read ({exc}); "
+                                  "pass a folder whose tokenizer.json the tokenizers library reads") from None
             FolderTokenizer.backend_loads += 1
         return self._backend
 

@@ -165,3 +165,21 @@ def test_a_record_whose_template_builds_gigabytes_is_rejected_and_the_rest_kept(
     [reject] = read_rejects(out)
     assert (reject["line"], reject["code"]) == (2, "render_too_long")
     assert packprep.verify(out).ok
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("deep config", "cannot load tokenizer"),
+    ("broken tokenizer.json", "its tokenizer.json cannot be read"),
+])
+def test_a_tokenizer_folder_that_cannot_be_read_is_a_clear_error(tmp_path, damage, message):
+    tok = tokenizer_template(tmp_path)
+    if damage == "deep config":
+        config = (tok / "tokenizer_config.json").read_text()
+        (tok / "tokenizer_config.json").write_text(config.rstrip()[:-1] + ', "extra": ' + DEEP + "}")
+    else:
+        (tok / "tokenizer.json").write_text((tok / "tokenizer.json").read_text()[:-50])
+    out = tmp_path / "out"
+    result = invoke(*pack_args(chats(tmp_path, "hi"), out, "-t", tok))
+    assert_clean_exit(result, 2)
+    assert message in result.output
+    assert_nothing_left(tmp_path, out)
