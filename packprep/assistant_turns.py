@@ -12,6 +12,8 @@ Qwen2.5, Phi-3.5, DeepSeek-R1, QwQ) gets it as ``--reasoning`` says (:func:`plac
 * ``drop``: the answer alone, as a non-reasoning model would be trained;
 * ``reject``: the record is set aside.
 
+A turn that gives reasoning under several of these names with different texts keeps the first
+(:data:`REASONING_INPUTS` order) and counts the others as dropped (``reasoning_spellings_dropped``).
 What became of each turn's reasoning is counted where it is known, once rendered (render.py):
 ``reasoning_trained`` (the template wrote it into trained tokens), ``reasoning_inlined`` (the
 inline policy did), ``reasoning_dropped`` (in no trained token: the template strips it, or
@@ -36,6 +38,7 @@ REASONING_INPUTS = ("reasoning_content", "reasoning", "thinking")  # fields an a
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")  # fields a template may read it from, probed in turn
 THINK, UNTHINK = "<think>", "</think>"
 GIVEN = "_given_content"  # the content as the record gave it, where a <think> block was taken out of it
+OTHERS = "_other_reasoning"  # a turn's reasoning spellings that hold other texts than the one kept (counted)
 ARGUMENTS_TEXT = "_arguments_text"  # a tool call's arguments as the record's own JSON string
 
 
@@ -43,14 +46,19 @@ def with_reasoning(message: dict, turn: dict, number: int) -> dict:
     """``message`` with the turn's reasoning, if any, as ``reasoning_content``: from the first of
     :data:`REASONING_INPUTS` that holds text, else from a ``<think>...</think>`` block that opens the
     content (taken out of it; the content as given is kept aside for a template that reads no
-    reasoning). Blank reasoning is none; content without such a block is left as it is."""
+    reasoning). Blank reasoning is none; content without such a block is left as it is. Later
+    spellings that hold another text are dropped, and counted (``reasoning_spellings_dropped``): one
+    rule for every template, so a record trains the same reasoning whichever model it is packed for."""
+    given = []
     for name in REASONING_INPUTS:
         value = turn.get(name)
-        if value is not None:
-            if not isinstance(value, str):
-                raise Rejected(f"message {number} '{name}' is not a string", "wrong_type")
-            if value.strip():
-                return {**message, "reasoning_content": value}
+        if value is not None and not isinstance(value, str):
+            raise Rejected(f"message {number} '{name}' is not a string", "wrong_type")
+        if value is not None and value.strip():
+            given.append(value)
+    if given:
+        others = len(set(given[1:]) - {given[0]})
+        return {**message, "reasoning_content": given[0], **({OTHERS: others} if others else {})}
     content = message["content"]
     if content and UNTHINK in content and content.lstrip().startswith(THINK):
         head, _, answer = content.partition(UNTHINK)
@@ -75,7 +83,9 @@ def place_reasoning(messages: list[dict], fields: tuple[str, ...], policy: str, 
         if reasoning is None:
             out.append(message)
             continue
-        message = {k: v for k, v in message.items() if k not in ("reasoning_content", GIVEN)}
+        if message.get(OTHERS):
+            counts["reasoning_spellings_dropped"] += 1
+        message = {k: v for k, v in message.items() if k not in ("reasoning_content", GIVEN, OTHERS)}
         if fields:
             message.update(dict.fromkeys(REASONING_FIELDS, reasoning))
         elif policy == "inline":

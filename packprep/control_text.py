@@ -4,9 +4,9 @@ A user message holding ``<|eot_id|><|start_header_id|>assistant<|end_header_id|>
 fabricated assistant turn into the training data. Tokenizers split added tokens out of a text before
 anything else, wherever they occur, so the rendered conversation cannot say which ``<|eot_id|>`` the
 template wrote and which the user did. Hence, before rendering, each special-token string in the
-record's own strings (content, names, tool arguments, tools) is swapped for a placeholder that no
-template changes (digits and punctuation); after rendering, the placeholders are found and the
-original strings put back. The special tokens of the rendered text outside them are the template's
+record's own strings (content, reasoning, names, tool calls and results, tools, template arguments;
+keys as well as values) is swapped for a placeholder that no template changes (digits and
+punctuation); after rendering, the placeholders are found and the original strings put back. The special tokens of the rendered text outside them are the template's
 markup: those, and only those, become control ids. The text between them is encoded as Hugging Face
 does with ``split_special_tokens=True`` (``encode_special_tokens``): special tokens in it are plain
 text, non-special added tokens (Qwen's ``<tool_call>``) are still split out, as HF splits them.
@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import random
 import re
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +31,9 @@ from .render import Rendered, render_conversation
 from .tokenizer_folder import RenderTooLong
 
 MODES = ("text", "special")  # content spelling a control token: plain text (default), or the token
+# every field of a conversation that holds the record's own strings: all of them are masked, keys included
+# (a template writes an argument's key with tojson), so that a field added later is covered too
+USER_FIELDS = tuple(f.name for f in fields(Conversation) if f.name not in ("text", "changes"))
 
 
 def special_tokens(tokenizer) -> list[tuple[str, int, bool, bool]]:
@@ -62,7 +65,7 @@ class ControlText:
         if isinstance(value, str):
             return any(s in value for s in self._starts) and self._find.search(value) is not None
         if isinstance(value, dict):
-            return any(self._spells(v) for k, v in value.items() if k != "role")
+            return any(self._spells(v) or self._spells(k) for k, v in value.items() if k != "role")
         if isinstance(value, list):
             return any(map(self._spells, value))
         return False
@@ -74,15 +77,14 @@ class ControlText:
             return False
         if conversation.text is not None:
             return self._spells(conversation.text)
-        return (self._spells(conversation.messages) or self._spells(conversation.tools)
-                or self._spells(conversation.template_kwargs) or self._spells(variables)
-                or self._spells(list(conversation.trained.values())))
+        return self._spells(variables) or any(self._spells(getattr(conversation, name)) for name in USER_FIELDS)
 
     def _mask(self, value, found: list[str]):
         if isinstance(value, str):
             return self._find.sub(lambda m: f"#{self._nonce}-{found.append(m.group()) or len(found) - 1}#", value)
         if isinstance(value, dict):
-            return {k: v if k == "role" else self._mask(v, found) for k, v in value.items()}
+            return {k: v if k == "role" else self._mask(v, found) for k, v in
+                    ((self._mask(k, found), v) for k, v in value.items())}
         if isinstance(value, list):
             return [self._mask(v, found) for v in value]
         return value
@@ -95,9 +97,8 @@ class ControlText:
         found: list[str] = []
         spelled = {k: v for k, v in (variables or {}).items() if self._spells(v)}  # given again, masked, as kwargs
         kwargs = {**spelled, **(conversation.template_kwargs or {})}
-        masked = replace(conversation, messages=self._mask(conversation.messages, found),
-                         tools=self._mask(conversation.tools, found), template_kwargs=self._mask(kwargs, found) or None,
-                         trained={k: self._mask(m, found) for k, m in conversation.trained.items()})
+        masked = replace(conversation, **{name: self._mask(getattr(conversation, name), found) for name in USER_FIELDS})
+        masked.template_kwargs = self._mask(kwargs, found) or None
         rendered = render(masked)  # a record split by --turn-context exact: each sequence unmasked alike
         return replace(self._unmask(rendered, found), earlier=[self._unmask(e, found) for e in rendered.earlier])
 

@@ -35,7 +35,8 @@ each conversation, and each counts what it changed (``Conversation.changes``; th
 ``roles_mapped``
     OpenAI's ``developer``, ``ipython`` and ``function`` roles go to the template as they are
     unless it refuses them (raises); where it does, as ``system`` (developer) or ``tool``, counted.
-``tool_call_text_dropped`` / ``reasoning_trained`` / ``reasoning_inlined`` / ``reasoning_dropped``
+``tool_call_text_dropped`` / ``reasoning_trained`` / ``reasoning_inlined`` / ``reasoning_dropped`` /
+``reasoning_spellings_dropped``
     An assistant's reasoning and tool calls in the shape the template reads them; what became of
     each turn's reasoning is counted once rendered (assistant_turns.py, render.py;
     ``--reasoning inline|drop|reject``).
@@ -53,8 +54,9 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-from .assistant_turns import ARGUMENTS_TEXT, GIVEN, REASONING_FIELDS, place_reasoning, shape_calls, with_reasoning
+from .assistant_turns import ARGUMENTS_TEXT, GIVEN, OTHERS, REASONING_FIELDS, place_reasoning, shape_calls, with_reasoning
 from .errors import ConfigError, Rejected
+from .json_limits import JSONLimit, check_depth, loads
 
 FORMATS = ("sharegpt", "openai", "alpaca", "text")
 
@@ -87,7 +89,7 @@ CONSECUTIVE = ("merge", "keep", "reject")
 SYSTEM = ("auto", "keep", "fold")
 CHANGES = ("leading_turns_dropped", "turns_merged", "system_folded", "tool_calls_as_text", "tool_results_as_user",
            "control_text_in_content", "tool_call_text_dropped", "reasoning_inlined", "reasoning_dropped",
-           "template_kwargs", "roles_mapped", "reasoning_trained")
+           "template_kwargs", "roles_mapped", "reasoning_trained", "reasoning_spellings_dropped")
 TOOL_CALLS = ("text", "reject")  # tool calls for a template that renders none (--tool-calls)
 
 
@@ -160,6 +162,7 @@ def normalize(record: Any, fmt: str, fields: FieldNames = FieldNames(), policy: 
     if not isinstance(record, dict):
         raise Rejected(f"record is a JSON {_json_type(record)}, expected an object", "not_an_object")
     try:
+        check_depth(record, "the record")
         if fmt in ("sharegpt", "openai"):
             key = fields.messages or ("conversations" if fmt == "sharegpt" else "messages")
             conversation = _chat(record, key)
@@ -169,6 +172,8 @@ def normalize(record: Any, fmt: str, fields: FieldNames = FieldNames(), policy: 
             return _text(record, fields.text)
         else:
             raise ValueError(f"unknown format {fmt!r}")
+    except JSONLimit as exc:  # the record's own nesting, or a JSON text inside one of its strings
+        raise Rejected(str(exc), exc.code) from None
     except Rejected as exc:
         detail = schema_problem(record, fmt, fields)
         reason = f"{exc} ({detail})" if detail and detail not in str(exc) else str(exc)
@@ -250,7 +255,7 @@ def _speaker(turn, number: int, field_name: str) -> str:
 def _calls_from_text(text: str, number: int) -> list[dict]:
     """A ShareGPT ``function_call`` value: the JSON of one call ``{"name", "arguments"}``, or a list of them."""
     try:
-        value = json.loads(text)
+        value = loads(text, f"message {number} (a function_call)")
     except json.JSONDecodeError:
         value = None
     calls = value if isinstance(value, list) else [value]
@@ -267,7 +272,7 @@ def _call(call: Any, number: int) -> dict:
     arguments = function.get("arguments", {})
     if isinstance(arguments, str):
         try:
-            decoded = json.loads(arguments)
+            decoded = loads(arguments, f"message {number}: the arguments of tool call {function['name'][:40]!r}")
         except json.JSONDecodeError:
             decoded = None
         if isinstance(decoded, dict):
@@ -393,6 +398,8 @@ def _merge_consecutive(messages: list[dict], policy: Policy, counts: Counter) ->
         for name in REASONING_FIELDS:  # both turns' reasoning, under the field the template reads
             if before.get(name) or message.get(name):
                 merged[name] = "\n\n".join(p for p in (before.get(name), message.get(name)) if p)
+        if before.get(OTHERS) or message.get(OTHERS):  # either turn's dropped spellings, counted once it is placed
+            merged[OTHERS] = 1
         if before.get("tool_calls") or message.get("tool_calls"):
             merged["tool_calls"] = list(before.get("tool_calls") or []) + list(message.get("tool_calls") or [])
         out[-1] = merged
@@ -427,6 +434,8 @@ _CHANGE_TEXT = {
     "roles_mapped": "{n} developer/ipython/function messages given as system or tool (the template renders no such "
                     "role)",
     "reasoning_trained": "{n} assistant turns' reasoning trained as the template writes it",
+    "reasoning_spellings_dropped": "{n} assistant turns gave reasoning under several names with other texts: the "
+                                   "first of reasoning_content, reasoning, thinking kept, the others dropped",
 }
 
 
@@ -464,7 +473,7 @@ def _turn_list(record: dict, key: str) -> list:
     turns = record[key]
     if isinstance(turns, str):  # some exports store the list as a JSON string
         try:
-            turns = json.loads(turns)
+            turns = loads(turns, f"field {key!r}")
         except json.JSONDecodeError:
             raise Rejected(f"field {key!r} is a string that is not a JSON list", "wrong_type") from None
     if not isinstance(turns, list):
@@ -501,7 +510,7 @@ def _tools(value: Any) -> list | None:
         return None
     if isinstance(value, str):
         try:
-            value = json.loads(value)
+            value = loads(value, "field 'tools'")
         except json.JSONDecodeError:
             raise Rejected("field 'tools' is a string that is not valid JSON", "wrong_type") from None
     if not isinstance(value, list):

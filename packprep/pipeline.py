@@ -124,6 +124,7 @@ def repack(folder, output, *, overwrite: bool = False, num_proc: int | None = No
     engine = make_engine("local", run.num_proc)
     try:
         shards = StoredShards.open(source, old, config)
+        shards.check_flat()
         runs = runs_per_item(len(shards.paths), engine.workers)
         tasks = shards.tasks(runs)
         with Progress(progress, len(tasks), "read lengths", "tasks") as bar:

@@ -30,7 +30,7 @@ import numpy as np
 
 from .errors import ConfigError, InputError, spell
 from .fates import DROPPED, EMPTIED, PACKED, REJECTED, TRUNCATED, UNSAMPLED
-from .layout import IGNORE_INDEX, ShardReader, list_column
+from .layout import IGNORE_INDEX, TREE_COLUMN, ShardReader, list_column
 from .ledger import Ledger
 from .materialize import Spilled, TokenStore, spill_path
 from .mix import MixSource, Mixture
@@ -104,6 +104,23 @@ class StoredShards:
 
     def reader(self, shard: int) -> ShardReader:
         return ShardReader(self.folder / self.paths[shard], self.layout)
+
+    def check_flat(self) -> None:
+        """Refuse shards of shared-prefix rows, whatever the manifest says: each of their sequences is a
+        record's prefix tree, which repacked as flat sequences would train every branch on its siblings.
+        The column is looked for here; pass 2 also finds position ids that do not count 0, 1, 2, ...
+        (:func:`flat_positions`), should the column be gone too."""
+        for path in self.paths:
+            if TREE_COLUMN.name in ShardReader(self.folder / path, self.layout).schema.names:
+                raise InputError(f"{self.folder / path} holds shared-prefix rows ({TREE_COLUMN.name}), whatever "
+                                 f"the manifest says: repack cannot repack prefix trees; pack again from the inputs")
+
+
+def flat_positions(path: Path, positions: np.ndarray, start: int, length: int) -> None:
+    """Refuse a stored sequence whose position ids are not 0..length-1 (a prefix tree's depths, say)."""
+    if not np.array_equal(positions[start : start + length], np.arange(length)):
+        raise InputError(f"{path}: a sequence's position_ids do not count 0, 1, 2, ... (a shared-prefix row, or a "
+                         "damaged one), so repack cannot repack it as a flat sequence; run packprep verify on the folder")
 
 
 def read_lengths(shards: StoredShards, task: tuple[int, int, int, int]) -> dict[str, np.ndarray]:
@@ -228,13 +245,16 @@ def write_tokens(placement: Placement, task: tuple[int, int, int, int]) -> int:
     groups = (np.unique(placement.unit[task_lo:task_hi]) - unit + first).tolist()
     files: dict[tuple[int, str], int] = {}
     try:
-        tables = placement.shards.reader(shard).tables(["input_ids", "labels"], threads=False, groups=groups)
+        tables = placement.shards.reader(shard).tables(["input_ids", "labels", "position_ids"], threads=False,
+                                                       groups=groups)
         for group, table in zip(groups, tables):
-            columns = [np.ascontiguousarray(list_column(table, name)[0], np.int32) for name in ("input_ids", "labels")]
+            *columns, positions = [np.ascontiguousarray(list_column(table, name)[0], np.int32)
+                                   for name in ("input_ids", "labels", "position_ids")]
             lo, hi = np.searchsorted(placement.unit, [unit + group - first, unit + group - first + 1])
             places = (placement.first, placement.length, placement.part, placement.at)
             records = zip(*(a[lo:hi].tolist() for a in places))
             for start, length, part, at in records:
+                flat_positions(placement.shards.folder / placement.shards.paths[shard], positions, start, length)
                 for column, values in zip(TOKEN_COLUMNS, columns):
                     if (part, column) not in files:
                         files[part, column] = os.open(spill_path(placement.cache, part, column), os.O_WRONLY)

@@ -8,7 +8,10 @@ the manifest's ``turn_context``; no one-pass accelerator), and every trained tur
 tokenized on its own by that tokenizer, its target after it (turn_ids.py), never a whole
 sequence's tokenization cut at character offsets. Each sampled sequence's ``input_ids`` must be a slice of one of its record's
 re-made sequences (the whole of it, its first ``max_len`` tokens, or a piece of it) and its
-labels the same slice of the re-made labels, with ``-100`` at the sequence's first token.
+labels the same slice of the re-made labels, with ``-100`` at the sequence's first token. In a
+shared-prefix folder each packed sequence is a record's prefix tree: it must be the tree of the
+record's re-made sequences (prefix_tree.build_tree, the sequences the encoder keeps, in its order),
+ids, labels, positions and descendants alike, or the first ``max_len`` tokens of it.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .layout import IGNORE_INDEX, ShardReader
+from .layout import IGNORE_INDEX, TREE_COLUMN, ShardReader
 from .normalize import FieldNames, Policy, Rejected, detect_format, normalize
+from .prefix_tree import build_tree, truncate_tree
 from .template_fit import fit_to_template
 from .parts import stream_records
 from .errors import ConfigError
@@ -44,6 +48,7 @@ class Sampled:
     source_index: int
     input_ids: np.ndarray | None = None
     labels: np.ndarray | None = None
+    tree: tuple[np.ndarray, np.ndarray] | None = None  # a shared-prefix row's (position_ids, descendants)
 
 
 def retokenize_check(folder: Path, manifest: dict, n: int, seed: int = 0) -> tuple[int, list[tuple[str, str, int | None]]]:
@@ -71,7 +76,9 @@ def retokenize_check(folder: Path, manifest: dict, n: int, seed: int = 0) -> tup
         if seq.source_index not in remade:
             remade[seq.source_index] = _remake(records[seq.source_index], fields, policy, config.get("format"), template,
                                                tokenizer, *settings)
-        problem = _compare(seq, remade[seq.source_index])
+        remade_here = remade[seq.source_index]
+        problem = _compare_tree(seq, remade_here) if seq.tree is not None and not isinstance(remade_here, str) \
+            else _compare(seq, remade_here)
         if problem:
             where = records[seq.source_index][0]
             failures.append((seq.shard, f"sequence of {where}: {problem}", seq.row))
@@ -116,13 +123,16 @@ def _sample(folder: Path, manifest: dict, n: int, seed: int) -> list[Sampled]:
 
 
 def _read_tokens(folder: Path, manifest: dict, sample: list[Sampled]) -> None:
-    """Fill in each sampled sequence's input_ids and labels."""
+    """Fill in each sampled sequence's input_ids and labels (and a shared-prefix row's tree columns)."""
+    tree = bool(manifest["config"].get("shared_prefix"))
+    columns = ["input_ids", "labels", *(["position_ids", TREE_COLUMN.name] if tree else [])]
     for path in dict.fromkeys(s.shard for s in sample):
-        table = ShardReader(folder / path, manifest.get("layout")).read(["input_ids", "labels"])
+        table = ShardReader(folder / path, manifest.get("layout")).read(columns)
         for seq in (s for s in sample if s.shard == path):
             span = slice(seq.start, seq.start + seq.length)
-            seq.input_ids = np.asarray(table.column("input_ids")[seq.row].values.to_numpy(), np.int64)[span]
-            seq.labels = np.asarray(table.column("labels")[seq.row].values.to_numpy(), np.int64)[span]
+            seq.input_ids, seq.labels, *rest = [np.asarray(table.column(c)[seq.row].values.to_numpy(), np.int64)[span]
+                                                for c in columns]
+            seq.tree = tuple(rest) if tree else None
 
 
 def _records(manifest: dict, wanted: list[int]) -> dict[int, tuple[str, object, str]]:
@@ -208,7 +218,8 @@ def _sequences(rendered: Rendered, tokenizer, turn_context: str) -> list[tuple[n
                 for a, b in ranges]
 
     sequences, _, _ = exact_sequences(len(rendered.text), rendered.spans, encode, turn_context)
-    return [(ids.astype(np.int64), labels.astype(np.int64)) for ids, labels in sequences]
+    # in the encoder's order (tokenization.ChatEncoder._tokenize), which a shared-prefix tree is built in
+    return [(ids.astype(np.int64), labels.astype(np.int64)) for ids, labels in reversed(sequences)]
 
 
 def _labelled(rendered: Rendered, tokenizer) -> tuple[np.ndarray, np.ndarray]:
@@ -257,6 +268,27 @@ def _compare(seq: Sampled, remade) -> str | None:
     if None in problems:
         return None
     return next((p for p in problems if "not a slice" not in p), problems[-1])  # the nearest miss
+
+
+def _compare_tree(seq: Sampled, remade: list[tuple[np.ndarray, np.ndarray]]) -> str | None:
+    """None if the shared-prefix tree ``seq`` is the tree of the record's re-made sequences (those the
+    encoder keeps: a label trained past the first token), or its first ``seq.length`` tokens."""
+    kept = [(ids, labels) for ids, labels in remade if len(ids) and (labels[1:] != IGNORE_INDEX).any()]
+    if not kept:
+        return "the record re-tokenized trains no token"
+    tree = build_tree(kept)
+    positions, descendants = truncate_tree(tree.position_ids, tree.descendants, seq.length)
+    n = seq.length
+    if len(tree) < n:
+        return f"its {n} tokens are more than the record's prefix tree re-made ({len(tree)} tokens)"
+    for name, stored, made in (("token ids", seq.input_ids, tree.input_ids[:n]), ("labels", seq.labels, tree.labels[:n]),
+                               ("position_ids", seq.tree[0], positions), ("tree_descendants", seq.tree[1], descendants)):
+        differ = np.flatnonzero(np.asarray(stored) != np.asarray(made))
+        if len(differ):
+            k = int(differ[0])
+            return (f"its {name} differ from the record's prefix tree re-made at token {k} of {n} "
+                    f"(shard {int(stored[k])}, re-made {int(made[k])})")
+    return None
 
 
 def _compare_one(seq: Sampled, ids: np.ndarray, labels: np.ndarray) -> str | None:

@@ -20,6 +20,7 @@ import re
 from datetime import date, datetime
 
 from .errors import ConfigError
+from .json_limits import JSONLimit, check_depth, loads
 
 DEFAULT_DATE = "2024-07-26"
 # names a template argument cannot take: packprep passes these itself
@@ -48,9 +49,11 @@ def parse_template_args(pairs) -> dict:
             raise ConfigError(f"--template-arg {pair!r}: expected KEY=VALUE, KEY a template variable name "
                               "(e.g. enable_thinking=false)")
         try:
-            out[key] = json.loads(value)
+            out[key] = loads(value, f"--template-arg {key}")
         except json.JSONDecodeError:
             out[key] = value
+        except JSONLimit as exc:
+            raise ConfigError(str(exc)) from None
     return out
 
 
@@ -62,18 +65,23 @@ def check_template_args(args, what: str = "--template-arg") -> dict:
     if taken:
         raise ConfigError(f"{what} cannot set {', '.join(taken)}: packprep passes these to the template itself")
     for key, value in args.items():
+        try:
+            check_depth(value, f"{what} {key}")
+        except JSONLimit as exc:
+            raise ConfigError(str(exc)) from None
         if not _finite(value):  # NaN and Infinity are not JSON: the manifest records these values
             raise ConfigError(f"{what} {key}: NaN and Infinity are not JSON numbers; give a finite number or text")
     return args
 
 
-def _finite(value, depth: int = 0) -> bool:
+def _finite(value) -> bool:
+    """No NaN or Infinity in ``value`` (nested at most json_limits.MAX_DEPTH deep: checked first)."""
     if isinstance(value, float):
         return math.isfinite(value)
-    if isinstance(value, dict) and depth < 100:
-        return all(_finite(v, depth + 1) for v in value.values())
-    if isinstance(value, list) and depth < 100:
-        return all(_finite(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return all(map(_finite, value.values()))
+    if isinstance(value, list):
+        return all(map(_finite, value))
     return True
 
 

@@ -16,14 +16,17 @@ transformers' own tokenizer.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
+import re
 import threading
 from itertools import islice
 from pathlib import Path
 
 from .errors import ConfigError, Rejected
+from .json_limits import loads
 from .template_inputs import DEFAULT_DATE, FixedClock, check_date, named_templates
 
 # Classes that, in transformers 4.45+ and 5.x, load tokenizer.json as it is and add nothing of their
@@ -41,8 +44,8 @@ def loadable(path: str | os.PathLike) -> bool:
     folder = Path(path)
     if not (folder / "tokenizer.json").is_file() or not (folder / "tokenizer_config.json").is_file():
         return False
-    try:
-        config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    try:  # a config nested too deep to read here (json_limits): transformers' loader says what is wrong
+        config = loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"), "tokenizer_config.json")
     except (OSError, ValueError):
         return False
     return config.get("tokenizer_class") in SAME_AS_TOKENIZER_JSON and _specials_added(folder, config)
@@ -61,7 +64,7 @@ def _specials_added(folder: Path, config: dict) -> bool:
     at = data.find("[", data.find('"added_tokens"'))  # that array only, not the vocabulary around it
     try:
         added = json.JSONDecoder().raw_decode(data, at)[0] if at > 0 else []
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
     return named <= {t.get("content") for t in added if isinstance(t, dict)}
 
@@ -108,7 +111,11 @@ class FolderTokenizer:
             if self._sha256 is not None or self._hashing is not None:
                 if hashlib.sha256(data).hexdigest() != self.file_sha256:  # what the cached facts describe
                     raise ConfigError(f"{self.name_or_path}/tokenizer.json changed while packprep was using it")
-            self._backend = Tokenizer.from_buffer(data)
+            try:
+                self._backend = Tokenizer.from_buffer(data)
+            except Exception as exc:  # the library's own error for a file it cannot read: broken, or nested too deep
+                raise ConfigError(f"tokenizer {self.name_or_path!r}: its tokenizer.json cannot be read ({exc}); "
+                                  "pass a folder whose tokenizer.json the tokenizers library reads") from None
             FolderTokenizer.backend_loads += 1
         return self._backend
 
@@ -192,6 +199,69 @@ def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
+# What a template may build, besides what it writes: a string, list or number past RENDERED_CHARS (characters,
+# items, bytes) is refused before it is made, by whichever operation would make it: ``+ * % **``, ``~``, the
+# filters and string methods that grow a string by an argument (``center(10**10)``, ``replace``, a format's
+# width). What the others make is no larger than what they are given.
+_WIDTH = re.compile(r"%(?:\([^)]*\))?[-#0 +]*([0-9]*)(?:\.([0-9]+))?")  # a %-format's width and precision
+_SPEC = re.compile(r"\{[^{}]*:([^{}]*)\}")  # a str.format field's format spec
+GROWING = frozenset({"center", "ljust", "rjust", "zfill", "expandtabs", "replace", "join", "format", "format_map",
+                     "indent", "wordwrap", "tojson", "pprint"})  # filters and str methods whose result may outgrow
+_SIZED = (str, list, tuple)
+
+
+def _size_after(operator: str, left, right) -> int:
+    """How large ``left <operator> right`` would be (0 where it makes no string, list or integer)."""
+    if operator == "+":
+        return len(left) + len(right) if isinstance(left, _SIZED) and isinstance(right, _SIZED) else 0
+    if operator == "*":
+        sized = left if isinstance(left, _SIZED) else right if isinstance(right, _SIZED) else None
+        times = right if sized is left else left
+        return len(sized) * times if sized is not None and isinstance(times, int) else 0
+    if operator == "%" and isinstance(left, str):
+        numbers = [int(n) for match in _WIDTH.findall(left) for n in match if n]
+        given = [v for v in (right if isinstance(right, tuple) else (right,)) if isinstance(v, int)]
+        return len(left) + sum(numbers) + max([0, *given]) * ("*" in left)
+    if operator == "**" and isinstance(left, int) and isinstance(right, int) and right > 0:
+        return abs(left).bit_length() * right // 8  # the power's bytes
+    return 0
+
+
+def _grown(name: str, subject, args: tuple) -> int:
+    """How large ``replace``, ``indent`` or ``format`` (a method of ``subject``, or a filter) would make a
+    string; 0 for any other."""
+    texts = [a for a in ((subject,) if isinstance(subject, str) else ()) + args if isinstance(a, str)]
+    if name == "replace" and len(texts) >= 3:
+        text, old, new = texts[-3:]
+        return len(text) + (text.count(old) if old else len(text) + 1) * max(0, len(new) - len(old))
+    if name == "indent" and texts:
+        width = next((a for a in args if type(a) is int), 4)
+        return len(texts[0]) * (1 + len(width) if isinstance(width, str) else 1) + width * texts[0].count("\n")
+    if name in ("format", "format_map") and isinstance(subject, str):
+        return len(subject) + sum(int(n) for spec in _SPEC.findall(subject) for n in re.findall("[0-9]+", spec))
+    if name == "format" and texts:  # the filter: value % args
+        return _size_after("%", texts[0], tuple(args[1:]))
+    return 0
+
+
+def bounded_call(name: str, subject, function, *args, **kwargs):
+    """``function(*args, **kwargs)``, a filter or a str method (``name``, of ``subject``) that may grow a
+    string: refused for an integer argument past RENDERED_CHARS or a string it would grow past it before it
+    runs, and for a result past it after."""
+    if (any(type(v) is int and v > RENDERED_CHARS for v in (*args, *kwargs.values()))
+            or _grown(name, subject, args) > RENDERED_CHARS):
+        raise RenderTooLong()
+    result = function(*args, **kwargs)
+    if isinstance(result, _SIZED) and len(result) > RENDERED_CHARS:
+        raise RenderTooLong()
+    return result
+
+
+def _bounded_filter(name: str, function):
+    """The filter ``function``, called through :func:`bounded_call` (Jinja's pass_context marks kept)."""
+    return functools.wraps(function)(functools.partial(bounded_call, name, None, function))
+
+
 def compile_template(template: str):
     """Compile ``template`` in a sandboxed environment set up as transformers sets up its own.
 
@@ -200,6 +270,7 @@ def compile_template(template: str):
     ``raise_exception``, ``strftime_now`` (of a fixed date, not the clock), a restricted ``dict`` and ``namespace``).
     """
     import jinja2
+    from jinja2.compiler import CodeGenerator
     from jinja2.ext import Extension, loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -240,18 +311,39 @@ def compile_template(template: str):
             if isinstance(name, str) and name.startswith("_"):
                 raise jinja2.exceptions.SecurityError(f"chat templates cannot set {name!r} on a namespace")
 
-    class Environment(ImmutableSandboxedEnvironment):
-        """Its output, and a string or list a ``*`` makes, stop at :data:`RENDERED_CHARS`: a small record
-        must not render gigabytes (``{{ 'x' * 10**10 }}``, or loops that write on and on)."""
+    class Generator(CodeGenerator):
+        def visit_Concat(self, node, frame):  # ``a ~ b``: joined by the environment, which bounds it
+            self.write("environment.joined((")
+            for argument in node.nodes:
+                self.visit(argument, frame)
+                self.write(", ")
+            self.write("))")
 
-        intercepted_binops = frozenset({"*"})
+    class Environment(ImmutableSandboxedEnvironment):
+        """Its output, and every string, list or number a template builds, stop at :data:`RENDERED_CHARS`:
+        a small record must not render gigabytes (``{{ 'x' * 10**10 }}``, loops that write on and on)
+        nor build them unwritten (a string doubled in a ``namespace``, ``'x' | center(10**10)``)."""
+
+        intercepted_binops = frozenset({"*", "+", "%", "**"})
+        code_generator_class = Generator
 
         def call_binop(self, context, operator, left, right):
-            sized = left if isinstance(left, (str, list)) else right if isinstance(right, (str, list)) else None
-            times = right if sized is left else left
-            if sized is not None and isinstance(times, int) and len(sized) * times > RENDERED_CHARS:
+            if operator == "+" and type(left) is str and type(right) is str:  # most of them: at once
+                if len(left) + len(right) > RENDERED_CHARS:
+                    raise RenderTooLong()
+                return left + right
+            if _size_after(operator, left, right) > RENDERED_CHARS:
                 raise RenderTooLong()
             return super().call_binop(context, operator, left, right)
+
+        def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (Jinja's own signature)
+            name = getattr(getattr(__obj, "__wrapped__", __obj), "__name__", None)  # the sandbox wraps str.format
+            if name in GROWING:
+                subject = getattr(getattr(__obj, "__wrapped__", __obj), "__self__", None)
+                return bounded_call(name, subject, super().call, __context, __obj, *args, **kwargs)
+            return super().call(__context, __obj, *args, **kwargs)
+
+        call.bounded = True  # faster_sandbox may call plain methods directly: it bounds them alike
 
         def concat(self, chunks):  # Template.render's "".join, a batch at a time: as fast, and bounded
             parts, size, chunks = [], 0, iter(chunks)
@@ -262,8 +354,17 @@ def compile_template(template: str):
                     raise RenderTooLong()
             return "".join(parts)
 
+        @staticmethod
+        def joined(parts) -> str:
+            text = "".join(map(str, parts))  # a few parts, each within the limit
+            if len(text) > RENDERED_CHARS:
+                raise RenderTooLong()
+            return text
+
     environment = Environment(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols])
     environment.filters["tojson"] = _tojson
+    environment.filters.update({name: _bounded_filter(name, environment.filters[name])
+                                for name in GROWING & set(environment.filters)})
     environment.globals["raise_exception"] = _raise_exception
     environment.globals["strftime_now"] = FixedClock(check_date(DEFAULT_DATE))  # never the clock: template_inputs.py
     environment.globals["dict"] = TemplateDict()
@@ -299,7 +400,7 @@ def faster_sandbox(compiled):
         environment.is_safe_attribute = is_safe_attribute
         if type(environment).getattr is ImmutableSandboxedEnvironment.getattr:
             environment.getattr = _plain_getattr(environment)
-        if type(environment).call is ImmutableSandboxedEnvironment.call:
+        if getattr(type(environment).call, "bounded", False):
             environment.call = _plain_call(environment)
     snapshot_globals(compiled)
     return compiled
@@ -361,7 +462,8 @@ def _plain_call(environment):
     marked ``jinja_pass_arg`` (on it or its ``__call__``), drops ``_block_vars`` and ``_loop_vars``,
     calls it, and turns a StopIteration into undefined. A built-in method bound to an instance of a
     :data:`_PLAIN` type can carry no such mark (it has no ``__dict__``), and it was reached through
-    the sandbox's attribute check, so for it that is: drop those two keywords, call, catch.
+    the sandbox's attribute check, so for it that is: drop those two keywords, call (bounded as the
+    environment's own call bounds it, for a method that may grow a string), catch.
     """
     import types
 
@@ -373,6 +475,8 @@ def _plain_call(environment):
         kwargs.pop("_block_vars", None)
         kwargs.pop("_loop_vars", None)
         try:
+            if obj.__name__ in GROWING:
+                return bounded_call(obj.__name__, obj.__self__, obj, *args, **kwargs)
             return obj(*args, **kwargs)
         except StopIteration:
             return environment.undefined("value was undefined because a callable raised a StopIteration exception")

@@ -144,3 +144,67 @@ def test_pack_counts_and_verify_rechecks_them(tmp_path):
     assert report.ok and report.retokenized == 2, report.failures
     stats = CliRunner().invoke(main, ["stats", str(data), "-t", fixture_tokenizer("llama3"), "-q", "--num-proc", "1"])
     assert "1 records whose own text spells a control token" in " ".join(stats.output.split()), stats.output
+
+
+def every_field(text: str) -> list[dict]:
+    """Records whose every string a template renders holds ``text``: system and user prompts, replies,
+    reasoning (given apart and inline), tool names, arguments (keys and values, as an object and as
+    JSON text), tool results and their names, the tools' schemas, the record's own template arguments
+    (the run's are given beside them)."""
+    call = lambda n, arguments: {"id": f"call0000{n}", "type": "function",  # noqa: E731
+                                 "function": {"name": f"get_{text}", "arguments": arguments}}
+    tools = [{"type": "function", "function": {"name": f"get_{text}", "description": f"d {text}", "parameters": {
+        "type": "object", "properties": {f"k{text}": {"type": "string", "description": f"p {text}"}}}}}]
+    chat = [{"role": "system", "content": f"s {text}"}, {"role": "user", "content": f"q {text}"},
+            {"role": "assistant", "content": f"a {text}", "reasoning_content": f"r {text}"},
+            {"role": "user", "content": f"q2 {text}"},
+            {"role": "assistant", "content": f"<think>t {text}</think>a2 {text}"}]
+    calls = [{"role": "user", "content": f"q {text}"},
+             {"role": "assistant", "content": "", "tool_calls": [call(1, {f"k{text}": f"v {text}"})]},
+             {"role": "tool", "tool_call_id": "call00001", "name": f"get_{text}", "content": f"res {text}"},
+             {"role": "assistant", "content": None, "tool_calls": [call(2, json.dumps({f"k{text}": f"v {text}"}))]},
+             {"role": "tool", "tool_call_id": "call00002", "name": f"get_{text}", "content": f"res2 {text}"},
+             {"role": "assistant", "content": f"a {text}", "reasoning": f"r {text}"}]
+    return [{"messages": chat, "chat_template_kwargs": {"custom_note": f"n {text}"}},
+            {"messages": calls, "tools": tools}, {"messages": calls[:4], "tools": tools}]
+
+
+@pytest.fixture(scope="module")
+def zoo_folder(tmp_path_factory):
+    from .template_folders import build_zoo_folder
+
+    root = tmp_path_factory.mktemp("zoo")
+    return lambda name: str(build_zoo_folder(name, root / name))
+
+
+def _zoo_names():
+    from .template_folders import ZOO_NAMES
+
+    return [name for name in ZOO_NAMES if name != "mirothinker"]  # renders no input (tests/templates/SOURCES.md)
+
+
+@needs_fixtures
+@pytest.mark.parametrize("name", slow_but({"deepseek-r1-distill-qwen", "qwen3", "mistral-v3"}, _zoo_names()))
+def test_no_field_of_a_record_becomes_a_control_token(zoo_folder, name, tmp_path):
+    """Every special token of the tokenizer, spelled in every field: the record's special ids are
+    exactly those of the same record with plain text there, the template's markup alone."""
+    from packprep.control_text import special_tokens
+
+    from .zoo_conformance import pack_and_read
+
+    folder = zoo_folder(name)
+    specials = {content: token for content, token, _, _ in special_tokens(load_tokenizer(folder))}
+    spelled = " ".join(specials)
+    runs = {}
+    for kind, text in (("spelled", spelled), ("plain", "plain words")):
+        (tmp_path / kind).mkdir()
+        variables = {"functions": f"f {text}", "datetime": f"d {text}"}  # --template-arg (firefunction-v2 reads these)
+        _, sequences, rejects = pack_and_read(folder, every_field(text), tmp_path / kind, max_len=1 << 20,
+                                              template_args=variables)
+        runs[kind] = ({k: sorted(t for ids, _ in seqs for t in ids if t in specials.values())
+                       for k, seqs in sequences.items()}, rejects)
+    (spelled_ids, spelled_rejects), (plain_ids, plain_rejects) = runs["spelled"], runs["plain"]
+    assert plain_ids, f"{name} renders none of the records: {plain_rejects}"
+    assert set(spelled_ids) == set(plain_ids), (spelled_rejects, plain_rejects)
+    for index, ids in plain_ids.items():
+        assert spelled_ids[index] == ids, f"record {index}: special ids the template did not write"

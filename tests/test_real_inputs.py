@@ -66,7 +66,8 @@ def test_pack_counts_what_normalizing_changed_everywhere(tmp_path):
     assert counts["normalized"] == {"leading_turns_dropped": 1, "turns_merged": 1, "system_folded": 0,
                                     "tool_calls_as_text": 0, "tool_results_as_user": 0, "control_text_in_content": 0,
                                     "tool_call_text_dropped": 0, "reasoning_inlined": 0, "reasoning_dropped": 0,
-                                    "template_kwargs": 0, "roles_mapped": 0, "reasoning_trained": 0}
+                                    "template_kwargs": 0, "roles_mapped": 0, "reasoning_trained": 0,
+                                    "reasoning_spellings_dropped": 0}
     assert manifest["inputs"][0]["format"] == "sharegpt+openai", "the format is told per record"
     # "packed" means packed whole in the summary as in the manifest
     assert "packed whole 4, truncated 0, split 0, rejected 1" in result.output

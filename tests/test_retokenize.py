@@ -122,3 +122,37 @@ def test_retokenize_reads_a_json_array_an_item_at_a_time(tmp_path, monkeypatch):
     report = packprep.verify(out, retokenize=10**6)
     assert report.ok, [str(f) for f in report.failures[:3]]
     assert report.retokenized == manifest["sequences"] > 0
+
+
+REASONING_TEMPLATES = ["qwen3", "qwq", "deepseek-r1-distill-qwen", "deepseek-r1-distill-llama", "qwen3.5", "smollm3",
+                       "kimi-k2-thinking", "glm-4.6", "gpt-oss", "seed-oss", "ministral-3-reasoning", "apriel-1.6",
+                       "nemotron-3-nano", "deepseek-v3.1", "minimax-m2"]
+
+
+@needs_fixtures
+@pytest.mark.parametrize("template", REASONING_TEMPLATES)
+def test_shared_prefix_folders_of_reasoning_templates_retokenize_equal(tmp_path, template):
+    """Each packed sequence of a shared-prefix folder is a record's prefix tree: verify re-makes the
+    record's sequences, builds their tree and finds it equal (whole, or, packed again at a shorter
+    max_len, its first max_len tokens), where it compared the tree with one flat sequence and failed a
+    folder packprep had just written."""
+    from .template_folders import build_zoo_folder
+    from .zoo_shapes import shape_records
+
+    records = [r for shape in ("reasoning_content", "think_inline", "thinking", "chat") for r in shape_records(shape, 3)]
+    data = tmp_path / "chats.jsonl"
+    data.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    folder = str(build_zoo_folder(template, tmp_path / "tok"))
+    longest = None
+    for name in ("whole", "truncated"):
+        out = tmp_path / name
+        settings = {"max_len": longest - 8, "overlong": "truncate"} if longest else {}
+        manifest = packprep.pack(str(data), str(out), folder, num_proc=1, shared_prefix=True, **settings)
+        counts = manifest["counts"]
+        assert counts["packed"] + counts["truncated"] >= 6 and (counts["truncated"] > 0) == bool(longest)
+        shard = pq.read_table(out / manifest["shards"][0]["path"])
+        assert "tree_descendants" in shard.schema.names
+        report = packprep.verify(out, retokenize=100)
+        assert report.ok, [str(f) for f in report.failures[:3]]
+        assert report.retokenized == report.sequences
+        longest = max(n for lens in shard.column("seq_lens").to_pylist() for n in lens)

@@ -189,10 +189,7 @@ def collate_tree(rows: Sequence[Mapping[str, Any]], *, count: bool = False, pad_
         n = len(desc)
         if not (len(_np(row["input_ids"])) == len(lab) == len(_np(row["position_ids"])) == n):
             raise ValueError("input_ids, labels, position_ids and tree_descendants differ in length")
-        heads = np.flatnonzero(np.concatenate([[0], desc[:-1]]) == 0) if n else np.zeros(0, np.int64)
-        if (lab[heads] != IGNORE_INDEX).any():
-            raise TreeRowsError("a shared-prefix row trains a branch head: its label would be predicted from "
-                                "another branch (rows not written by packprep?)")
+        check_tree_row(row)
         ids.append(_np(row["input_ids"]))
         labels.append(lab)
         positions.append(_np(row["position_ids"]))
@@ -209,6 +206,26 @@ def collate_tree(rows: Sequence[Mapping[str, Any]], *, count: bool = False, pad_
     if count:
         batch["num_supervised_tokens"] = int((label != IGNORE_INDEX).sum())
     return batch
+
+
+def check_tree_row(row: Mapping[str, Any]) -> None:
+    """Refuse a shared-prefix row whose trees break an invariant (prefix_tree.check_tree on each record's
+    tree, where ``seq_lens`` says where each is; else on the row): a subtree reaching past its record (a
+    token would attend to another record's) or past the row, subtrees that overlap, positions that are
+    not depths, a trained or miscopied branch head. Checked here, not trusted to the folder's manifest."""
+    from ..prefix_tree import TreeRow, check_tree
+
+    columns = [_np(row[c]) for c in ("input_ids", "labels", "position_ids", TREE_COLUMN)]
+    lengths = _np(row["seq_lens"]) if row.get("seq_lens") is not None else np.array([len(columns[0])])
+    if (lengths < 1).any() or int(lengths.sum()) != len(columns[0]):
+        raise TreeRowsError("a shared-prefix row whose seq_lens do not cut it into its records' trees")
+    start = 0
+    for length in lengths.tolist():
+        problem = check_tree(TreeRow(*(c[start : start + length] for c in columns)))
+        if problem is not None:
+            raise TreeRowsError(f"a shared-prefix row whose tree is broken ({problem}) at token {start}: rows not "
+                                "written by packprep, or changed since; run packprep verify on the folder")
+        start += length
 
 
 def refuse_tree_rows(row: Mapping[str, Any], who: str) -> None:

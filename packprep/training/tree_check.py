@@ -12,7 +12,7 @@ import torch
 
 from ..layout import IGNORE_INDEX
 from .parity import PackingIsolationError, logits_of, model_dtype, tolerance
-from .tree import TREE_ATTENTION_NAME, TREE_COLUMN, collate_tree, refuse_model
+from .tree import TREE_ATTENTION_NAME, TREE_COLUMN, TreeRowsError, check_tree_row, collate_tree, refuse_model
 
 
 def check_tree_batch(model, batch: Mapping[str, Any], truth: Mapping[str, Any], dropped: Sequence[str],
@@ -39,6 +39,10 @@ def check_tree_batch(model, batch: Mapping[str, Any], truth: Mapping[str, Any], 
     for name in ("input_ids", "labels", "position_ids", TREE_COLUMN):
         if not np.array_equal(_flat(batch[name][0])[:n], _flat(truth[name])):
             raise PackingIsolationError(head + f"the batch's {name} are not the stored row's; feed rows as they are stored")
+    try:  # the stored row's invariants, checked here: a logits tolerance cannot tell a thin leak
+        check_tree_row(truth)
+    except TreeRowsError as exc:
+        raise PackingIsolationError(head + str(exc)) from None
     row = TreeRow(*(np.asarray(truth[c]) for c in ("input_ids", "labels", "position_ids", TREE_COLUMN)))
     was_training = model.training
     model.eval()
