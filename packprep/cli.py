@@ -7,7 +7,6 @@ import json
 import os
 import sys
 import warnings
-from pathlib import Path
 
 import click
 
@@ -18,9 +17,9 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from . import __version__
+from .cli_frame import PackprepGroup, SectionedCommand
 from .control_text import MODES as CONTENT_SPECIAL
-from .errors import EXIT_CODES_HELP, EXIT_INTERNAL, PackprepError, Spelling
-from .interrupts import COMMITTED, stop_on_sigterm
+from .errors import EXIT_CODES_HELP, PackprepError
 from .layout import layout_names
 from .assistant_turns import REASONING
 from .normalize import CONSECUTIVE, FORMATS, LEADING, SYSTEM, TOOL_CALLS, changes_text
@@ -37,57 +36,6 @@ from .plan import OVERLONG
 from .template_inputs import parse_template_args
 from .tokenization import BACKENDS, TRAIN_ON
 from .write import SHARD_FORMATS
-
-
-class _Group(click.Group):
-    """Turns library errors into one line on stderr and the documented exit code."""
-
-    def invoke(self, ctx):
-        COMMITTED.clear()
-        reader, Spelling.reader = Spelling.reader, "cli"  # messages name --options, not arguments
-        try:
-            with stop_on_sigterm():
-                return super().invoke(ctx)
-        except PackprepError as exc:
-            click.secho(f"error: {exc}", fg="red", err=True)
-            sys.exit(exc.exit_code)
-        except KeyboardInterrupt:
-            if COMMITTED:  # the stop came once the folder was in place: it is complete and verified
-                click.secho(f"interrupted after {COMMITTED[-1]} was written; it is complete", fg="yellow", err=True)
-                sys.exit(0)
-            click.secho("interrupted; no output was written", fg="red", err=True)
-            _exit_now(130)
-        except BrokenPipeError:  # the reader left (`| head`): stop quietly, as a shell tool does
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
-            sys.exit(141)
-        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
-            raise
-        except Exception as exc:  # a packprep bug: one line for the user, the traceback on request
-            if os.environ.get("PACKPREP_DEBUG"):
-                raise
-            click.secho(
-                f"internal error: {type(exc).__name__}: {exc} (please report it; PACKPREP_DEBUG=1 shows the traceback)",
-                fg="red",
-                err=True,
-            )
-            sys.exit(EXIT_INTERNAL)
-        finally:
-            Spelling.reader = reader
-
-
-def _exit_now(code: int) -> None:
-    """Exit with ``code`` at once, where this process is the ``packprep`` program (not a caller's, such
-    as a test runner's): the run has cleaned up, and the interpreter's own teardown of what the run
-    loaded (1.3 s of it in C) would hold a stopped run up. Exit handlers still run."""
-    program = Path(sys.argv[0] if sys.argv else "")
-    if program.name != "packprep" and program.parent.name != "packprep":
-        sys.exit(code)
-    import atexit
-
-    sys.stdout.flush()
-    sys.stderr.flush()
-    atexit._run_exitfuncs()
-    os._exit(code)
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):
@@ -215,7 +163,7 @@ def _dp_options(command):
                         "slowest), rows shuffled vs balanced (pack --balance-dp).")(command)
 
 
-@click.group(cls=_Group, epilog=EXIT_CODES_HELP)
+@click.group(cls=PackprepGroup, epilog=EXIT_CODES_HELP)
 @click.version_option(__version__, prog_name="packprep")
 def main():
     """Turn chat conversations into packed, training-ready shards.
@@ -235,7 +183,7 @@ _VALIDATION_SIZE = click.option("--validation-size", default=None, type=float, m
                                 "the validation split, before weights repeat anything.")
 
 
-@main.command(epilog=EXIT_CODES_HELP)
+@main.command(cls=SectionedCommand, epilog=EXIT_CODES_HELP)
 @click.argument("inputs", nargs=-1)
 @click.option("--tokenizer", "-t", required=True, help="Tokenizer folder or Hub id (with a chat template).")
 @click.option("--output", "-o", required=True, type=click.Path(file_okay=False), help="Output folder.")
@@ -387,10 +335,15 @@ def verify(folder, retokenize, seed, num_proc, as_json):
     if as_json:
         click.echo(json.dumps({"ok": report.ok, "rows": report.rows, "sequences": report.sequences,
                                "tokens": report.tokens, "retokenized": report.retokenized,
+                               **({"validation": report.validation} if report.validation else {}),
                                "failures": [vars(f) for f in report.failures]}, indent=2))
     elif report.ok:
-        click.echo(f"ok: {_plural(report.rows, 'row')}, {_plural(report.sequences, 'sequence')}, "
+        split = "train " if report.validation else ""
+        click.echo(f"ok: {split}{_plural(report.rows, 'row')}, {_plural(report.sequences, 'sequence')}, "
                    f"{_plural(report.tokens, 'token')}"
+                   + (f"; validation {_plural(report.validation['rows'], 'row')}, "
+                      f"{_plural(report.validation['sequences'], 'sequence')}, "
+                      f"{_plural(report.validation['tokens'], 'token')}" if report.validation else "")
                    + (f"; {_plural(report.retokenized, 'sequence')} equal their records re-tokenized"
                       if retokenize else ""))
     else:
@@ -505,7 +458,7 @@ def push(folder, repo_id, private, revision, token, commit_message):
                + (f", revision={result.revision!r}" if result.revision != "main" else "") + ', split="train")')
 
 
-@main.command(epilog=EXIT_CODES_HELP)
+@main.command(cls=SectionedCommand, epilog=EXIT_CODES_HELP)
 @click.argument("inputs", nargs=-1)
 @click.option("--tokenizer", "-t", default=None,
               help="Tokenizer folder or Hub id, as for pack (not needed for a packed folder).")
@@ -592,3 +545,4 @@ def inspect_(folder, row, tokenizer, color):
     """
     text = inspect_row(folder, row, color=color, tokenizer=tokenizer)
     click.echo(text, nl=False, color=True if color else None)
+

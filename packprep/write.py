@@ -58,6 +58,7 @@ class OutputFolder:
     """The output path, guarded: refused if it exists without ``overwrite``, written atomically."""
 
     def __init__(self, path: str | os.PathLike, overwrite: bool = False):
+        self.given = os.fspath(path)  # as the user typed it, for messages
         self.final = _through_links(Path(path).absolute())
         self.overwrite = overwrite
         self.tmp = self.final.parent / f".{self.final.name}.packprep-tmp-{os.getpid()}"
@@ -65,9 +66,9 @@ class OutputFolder:
     def check(self) -> None:
         """Fail before any work if the output cannot be written."""
         if self.final.exists() and not self.overwrite:
-            raise ConfigError(f"{self.final} already exists; pass --overwrite to replace it, or choose another --output")
+            raise ConfigError(f"{self.given} already exists; pass --overwrite to replace it, or choose another --output")
         if self.final.exists() and not self.final.is_dir():
-            raise ConfigError(f"{self.final} exists and is not a folder")
+            raise ConfigError(f"{self.given} exists and is not a folder")
         parent = self.final.parent
         while not parent.exists():  # missing parents are created when writing starts, like mkdir -p
             parent = parent.parent
@@ -101,7 +102,7 @@ class OutputFolder:
         with stops_held():
             if self.final.exists():
                 if not self.overwrite:
-                    raise ConfigError(f"{self.final} appeared while packing; pass --overwrite to replace it")
+                    raise ConfigError(f"{self.given} appeared while packing; pass --overwrite to replace it")
                 old = self.final.parent / f".{self.final.name}.packprep-old-{os.getpid()}"
                 os.rename(self.final, old)
             os.rename(self.tmp, self.final)
