@@ -546,3 +546,38 @@ def inspect_(folder, row, tokenizer, color):
     text = inspect_row(folder, row, color=color, tokenizer=tokenizer)
     click.echo(text, nl=False, color=True if color else None)
 
+@main.group(epilog=EXIT_CODES_HELP)
+def tokenizer():
+    """Tokenizer folders, made offline."""
+
+
+@tokenizer.command("make", epilog=EXIT_CODES_HELP)
+@click.option("--vocab", required=True, metavar="DIR|HUB_ID",
+              help="A tokenizer folder holding tokenizer.json (the same vocabulary as the model), or a Hub model id.")
+@click.option("--template", required=True, type=click.Path(dir_okay=False), metavar="FILE.jinja",
+              help="The model's chat template file, as published (its chat_template.jinja).")
+@click.option("--eos", required=True, help="The end-of-turn token the template writes (<|im_end|>, <|eot_id|>).")
+@click.option("--bos", default=None, help="The begin-of-text token, where the family has one.")
+@click.option("--pad", default=None, help="The padding token [default: the vocabulary's].")
+@click.option("--special-token", "special_tokens", multiple=True, metavar="TOKEN",
+              help="Another control token the template writes; repeatable.")
+@click.option("--added-token", "added_tokens", multiple=True, metavar="TOKEN",
+              help="A tag that is one token but decodes as text (Qwen3's <think>, <tool_call>); repeatable.")
+@click.option("--output", "-o", required=True, type=click.Path(file_okay=False), help="The folder to write.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing output folder.")
+def make(vocab, template, output, **tokens):
+    """Make a tokenizer folder from a vocabulary, a chat template file and the family's special tokens.
+
+    \b
+    Each token given is one token of the folder: the vocabulary's own where it
+    has it, else a new one at the next free id, as the model's tokenizer adds it.
+
+    \b
+    Examples:
+      packprep tokenizer make --vocab ./qwen2.5 --template qwen3.jinja --eos '<|im_end|>' --added-token '<think>' --added-token '</think>' -o ./qwen3
+      packprep tokenizer make --vocab Qwen/Qwen2.5-7B-Instruct --template qwen3.jinja --eos '<|im_end|>' -o ./qwen3
+    """
+    from .tokenizer_make import make_tokenizer_folder
+
+    folder = make_tokenizer_folder(vocab, template, output, **tokens)
+    click.echo(f"wrote {folder}: tokenizer.json and tokenizer_config.json with the chat template of {template}")
