@@ -365,7 +365,9 @@ def verify(folder, retokenize, seed, num_proc, as_json):
               help="The training stack the shards are laid out for [default: FOLDER's].")
 @click.option("--accept-truncated", is_flag=True,
               help="Where FOLDER truncated (or dropped) sequences at its --max-len and the new one is longer, "
-              "repack them as stored, cut, instead of refusing; the manifest says so (repacked_from).")
+              "repack them as stored, cut, instead of refusing; where FOLDER is a mixture (or has a validation "
+              "split) and the new one is shorter, keep its records, copies and split. The manifest says so "
+              "(repacked_from).")
 @click.option("--num-proc", default=None, type=int, help="Processes that read FOLDER's shards and write the new ones [default: all cores].")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output folder.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
@@ -393,7 +395,9 @@ def repack(folder, output, num_proc, overwrite, quiet, layout, accept_truncated,
                f"(max_len {manifest['config']['max_len']:,}, {_fill_text(manifest)}) in {output}")
     if "repacked_from" in manifest:
         said = manifest["repacked_from"]
-        click.echo(f"  as stored, cut at max_len {said['max_len']:,}: {said['truncated_as_stored']:,} truncated "
+        click.echo(f"  the mixture's records, copies and validation split kept as {folder} has them (drawn at "
+                   f"max_len {said['max_len']:,}; not what pack would write)" if said.get("selection_as_stored") else
+                   f"  as stored, cut at max_len {said['max_len']:,}: {said['truncated_as_stored']:,} truncated "
                    f"sequences, {said['dropped_as_stored']:,} dropped records (not what pack would write)")
 
 
@@ -545,6 +549,7 @@ def inspect_(folder, row, tokenizer, color):
     """
     text = inspect_row(folder, row, color=color, tokenizer=tokenizer)
     click.echo(text, nl=False, color=True if color else None)
+
 
 @main.group(epilog=EXIT_CODES_HELP)
 def tokenizer():
