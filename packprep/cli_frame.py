@@ -44,7 +44,7 @@ class SectionedCommand(click.Command):
             rows = [row for p in params if GROUP_OF.get(p.name, "Other") == group
                     and (row := p.get_help_record(ctx)) is not None]
             if rows:
-                with formatter.section(f"{group} options"):
+                with formatter.section(group):
                     formatter.write_dl(rows)
 
 
