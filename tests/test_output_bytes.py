@@ -11,7 +11,8 @@ lists ``developer`` among the known roles. And once more when reject reasons cam
 the caller spells them: packed from Python here, the fixtures' rejects.jsonl, manifest and card say
 ``max_len 1024``, not ``--max-len 1024``; no shard changed. And when reasons came whole: the example's
 rejects.jsonl, manifest and card quote the unknown role's list and the schema's complaint without
-cutting them, and the manifest names a fourth reason; no shard changed.
+cutting them, and the manifest names a fourth reason; no shard changed. And when the plain loop's
+recipe came to load ``MODEL`` (runnable on the page, not ``...``): the packprep layout's cards only.
 
 Paths of the inputs and the output are replaced by placeholders before hashing. To re-capture after
 an intended change of output: ``PYTHONPATH=. python tests/test_output_bytes.py --write``.
