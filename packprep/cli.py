@@ -18,9 +18,9 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from . import __version__
+from .cli_frame import PackprepGroup, SectionedCommand
 from .control_text import MODES as CONTENT_SPECIAL
-from .errors import EXIT_CODES_HELP, EXIT_INTERNAL, PackprepError, Spelling, check_utf8, shown
-from .interrupts import COMMITTED, boundary, exit_now, stop_on_sigterm
+from .errors import EXIT_CODES_HELP, PackprepError
 from .layout import layout_names
 from .assistant_turns import REASONING
 from .normalize import CONSECUTIVE, FORMATS, LEADING, SYSTEM, TOOL_CALLS, changes_text
@@ -37,54 +37,6 @@ from .plan import OVERLONG
 from .template_inputs import parse_template_args
 from .tokenization import BACKENDS, TRAIN_ON
 from .write import SHARD_FORMATS, refuse_reads
-
-
-class _Group(click.Group):
-    """Turns library errors into one line on stderr and the documented exit code."""
-
-    given: list[str] = []  # the command line, as given
-
-    def parse_args(self, ctx, args):
-        self.given = list(args)
-        return super().parse_args(ctx, args)
-
-    def invoke(self, ctx):
-        COMMITTED.clear()
-        reader, Spelling.reader = Spelling.reader, "cli"  # messages name --options, not arguments
-        try:
-            for given in self.given:
-                check_utf8(str(given), "the argument")
-            with stop_on_sigterm():
-                done = super().invoke(ctx)
-                boundary("end")  # the command has printed its result
-            boundary("exit")  # stops are ignored from here in the program
-            return done
-        except PackprepError as exc:
-            click.secho(f"error: {shown(str(exc))}", fg="red", err=True)
-            sys.exit(exc.exit_code)
-        except KeyboardInterrupt:
-            if COMMITTED:  # the stop came once the folder was in place: it is complete and verified
-                click.secho(f"interrupted after {COMMITTED[-1]} was written; it is complete", fg="yellow", err=True)
-                sys.exit(0)
-            click.secho("interrupted; no output was written", fg="red", err=True)
-            exit_now(130)
-        except BrokenPipeError:  # the reader left (`| head`): stop quietly, as a shell tool does
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
-            sys.exit(141)
-        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
-            raise
-        except Exception as exc:  # a packprep bug: one line for the user, the traceback on request
-            if os.environ.get("PACKPREP_DEBUG"):
-                raise
-            click.secho(
-                f"internal error: {type(exc).__name__}: {shown(str(exc))} (please report it; PACKPREP_DEBUG=1 shows the "
-                "traceback)",
-                fg="red",
-                err=True,
-            )
-            sys.exit(EXIT_INTERNAL)
-        finally:
-            Spelling.reader = reader
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):
@@ -212,7 +164,7 @@ def _dp_options(command):
                         "slowest), rows shuffled vs balanced (pack --balance-dp).")(command)
 
 
-@click.group(cls=_Group, epilog=EXIT_CODES_HELP)
+@click.group(cls=PackprepGroup, epilog=EXIT_CODES_HELP)
 @click.version_option(__version__, prog_name="packprep")
 def main():
     """Turn chat conversations into packed, training-ready shards.
@@ -232,7 +184,7 @@ _VALIDATION_SIZE = click.option("--validation-size", default=None, type=float, m
                                 "the validation split, before weights repeat anything.")
 
 
-@main.command(epilog=EXIT_CODES_HELP)
+@main.command(cls=SectionedCommand, epilog=EXIT_CODES_HELP)
 @click.argument("inputs", nargs=-1)
 @click.option("--tokenizer", "-t", required=True, help="Tokenizer folder or Hub id (with a chat template).")
 @click.option("--output", "-o", required=True, type=click.Path(file_okay=False), help="Output folder.")
@@ -384,10 +336,15 @@ def verify(folder, retokenize, seed, num_proc, as_json):
     if as_json:
         click.echo(json.dumps({"ok": report.ok, "rows": report.rows, "sequences": report.sequences,
                                "tokens": report.tokens, "retokenized": report.retokenized,
+                               **({"validation": report.validation} if report.validation else {}),
                                "failures": [vars(f) for f in report.failures]}, indent=2))
     elif report.ok:
-        click.echo(f"ok: {_plural(report.rows, 'row')}, {_plural(report.sequences, 'sequence')}, "
+        split = "train " if report.validation else ""
+        click.echo(f"ok: {split}{_plural(report.rows, 'row')}, {_plural(report.sequences, 'sequence')}, "
                    f"{_plural(report.tokens, 'token')}"
+                   + (f"; validation {_plural(report.validation['rows'], 'row')}, "
+                      f"{_plural(report.validation['sequences'], 'sequence')}, "
+                      f"{_plural(report.validation['tokens'], 'token')}" if report.validation else "")
                    + (f"; {_plural(report.retokenized, 'sequence')} equal their records re-tokenized"
                       if retokenize else ""))
     else:
@@ -409,7 +366,9 @@ def verify(folder, retokenize, seed, num_proc, as_json):
               help="The training stack the shards are laid out for [default: FOLDER's].")
 @click.option("--accept-truncated", is_flag=True,
               help="Where FOLDER truncated (or dropped) sequences at its --max-len and the new one is longer, "
-              "repack them as stored, cut, instead of refusing; the manifest says so (repacked_from).")
+              "repack them as stored, cut, instead of refusing; where FOLDER is a mixture (or has a validation "
+              "split) and the new one is shorter, keep its records, copies and split. The manifest says so "
+              "(repacked_from).")
 @click.option("--num-proc", default=None, type=int, help="Processes that read FOLDER's shards and write the new ones [default: all cores].")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output folder.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
@@ -437,7 +396,9 @@ def repack(folder, output, num_proc, overwrite, quiet, layout, accept_truncated,
                f"(max_len {manifest['config']['max_len']:,}, {_fill_text(manifest)}) in {output}")
     if "repacked_from" in manifest:
         said = manifest["repacked_from"]
-        click.echo(f"  as stored, cut at max_len {said['max_len']:,}: {said['truncated_as_stored']:,} truncated "
+        click.echo(f"  the mixture's records, copies and validation split kept as {folder} has them (drawn at "
+                   f"max_len {said['max_len']:,}; not what pack would write)" if said.get("selection_as_stored") else
+                   f"  as stored, cut at max_len {said['max_len']:,}: {said['truncated_as_stored']:,} truncated "
                    f"sequences, {said['dropped_as_stored']:,} dropped records (not what pack would write)")
 
 
@@ -502,7 +463,7 @@ def push(folder, repo_id, private, revision, token, commit_message):
                + (f", revision={result.revision!r}" if result.revision != "main" else "") + ', split="train")')
 
 
-@main.command(epilog=EXIT_CODES_HELP)
+@main.command(cls=SectionedCommand, epilog=EXIT_CODES_HELP)
 @click.argument("inputs", nargs=-1)
 @click.option("--tokenizer", "-t", default=None,
               help="Tokenizer folder or Hub id, as for pack (not needed for a packed folder).")
@@ -591,3 +552,40 @@ def inspect_(folder, row, tokenizer, color):
     """
     text = inspect_row(folder, row, color=color, tokenizer=tokenizer)
     click.echo(text, nl=False, color=True if color else None)
+
+
+@main.group(epilog=EXIT_CODES_HELP)
+def tokenizer():
+    """Tokenizer folders, made offline."""
+
+
+@tokenizer.command("make", epilog=EXIT_CODES_HELP)
+@click.option("--vocab", required=True, metavar="DIR|HUB_ID",
+              help="A tokenizer folder holding tokenizer.json (the same vocabulary as the model), or a Hub model id.")
+@click.option("--template", required=True, type=click.Path(dir_okay=False), metavar="FILE.jinja",
+              help="The model's chat template file, as published (its chat_template.jinja).")
+@click.option("--eos", required=True, help="The end-of-turn token the template writes (<|im_end|>, <|eot_id|>).")
+@click.option("--bos", default=None, help="The begin-of-text token, where the family has one.")
+@click.option("--pad", default=None, help="The padding token [default: the vocabulary's].")
+@click.option("--special-token", "special_tokens", multiple=True, metavar="TOKEN",
+              help="Another control token the template writes; repeatable.")
+@click.option("--added-token", "added_tokens", multiple=True, metavar="TOKEN",
+              help="A tag that is one token but decodes as text (Qwen3's <think>, <tool_call>); repeatable.")
+@click.option("--output", "-o", required=True, type=click.Path(file_okay=False), help="The folder to write.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing output folder.")
+def make(vocab, template, output, **tokens):
+    """Make a tokenizer folder from a vocabulary, a chat template file and the family's special tokens.
+
+    \b
+    Each token given is one token of the folder: the vocabulary's own where it
+    has it, else a new one at the next free id, as the model's tokenizer adds it.
+
+    \b
+    Examples:
+      packprep tokenizer make --vocab ./qwen2.5 --template qwen3.jinja --eos '<|im_end|>' --added-token '<think>' --added-token '</think>' -o ./qwen3
+      packprep tokenizer make --vocab Qwen/Qwen2.5-7B-Instruct --template qwen3.jinja --eos '<|im_end|>' -o ./qwen3
+    """
+    from .tokenizer_make import make_tokenizer_folder
+
+    folder = make_tokenizer_folder(vocab, template, output, **tokens)
+    click.echo(f"wrote {folder}: tokenizer.json and tokenizer_config.json with the chat template of {template}")

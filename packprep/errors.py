@@ -176,3 +176,11 @@ class Rejected(Exception):
     def __init__(self, reason: str, code: str = "invalid_record"):
         super().__init__(reason)
         self.code = code
+
+
+def listing(items, limit: int = 8) -> str:
+    """``items`` as one comma-separated line a message can hold whole: the first ``limit``, then
+    "+N more", never a list cut mid-word."""
+    items = [str(item) for item in items]
+    shown = ", ".join(items[:limit])
+    return shown + (f", +{len(items) - limit:,} more" if len(items) > limit else "")

@@ -153,13 +153,15 @@ def push(
             api.create_repo(repo_id, repo_type=REPO_TYPE, private=private, exist_ok=True)
         changed, unchanged, deleted = _diff(api, repo_id, revision, local)
         batches = _plan(changed, deleted)
+        xet = _xet_served(api, endpoint, repo_id, branch)
         for number, (adds, deletes) in enumerate(batches, start=1):
             operations = [_add_operation(item) for item in adds] + [_delete_operation(path) for path in deletes]
             suffix = f" (part {number}/{len(batches)})" if len(batches) > 1 else ""
-            info = api.create_commit(
-                repo_id, operations, commit_message=message + suffix, repo_type=REPO_TYPE, revision=revision,
-                num_threads=8,
-            )
+            with _xet_off_unless(xet):
+                info = api.create_commit(
+                    repo_id, operations, commit_message=message + suffix, repo_type=REPO_TYPE, revision=revision,
+                    num_threads=8,
+                )
             done.append(info.commit_url)
         if done:
             url = done[-1]
@@ -319,6 +321,35 @@ def _client(token: str | None):
     endpoint = (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
     api = HfApi(endpoint=endpoint, token=token, library_name="packprep", library_version=__version__)
     return api, endpoint
+
+
+def _xet_served(api, endpoint: str, repo_id: str, branch: str) -> bool:
+    """Whether the server at ``endpoint`` takes Xet uploads: huggingface_hub uploads through Xet whenever
+    hf_xet is installed, and a server without it (a self-hosted or stand-in Hub, HF_ENDPOINT) answers its
+    token request with 404; the plain HTTP (LFS) upload then goes there, with no HF_HUB_DISABLE_XET to set."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import build_hf_headers, get_session
+
+    if constants.HF_HUB_DISABLE_XET:
+        return False
+    url = f"{endpoint}/api/{REPO_TYPE}s/{repo_id}/xet-write-token/{branch}"
+    try:
+        answer = get_session().get(url, headers=build_hf_headers(token=api.token))
+    except Exception:  # unreachable now: the upload itself says why, as before
+        return True
+    return answer.status_code != 404
+
+
+@contextlib.contextmanager
+def _xet_off_unless(xet: bool):
+    from huggingface_hub import constants
+
+    before = constants.HF_HUB_DISABLE_XET
+    constants.HF_HUB_DISABLE_XET = before or not xet
+    try:
+        yield
+    finally:
+        constants.HF_HUB_DISABLE_XET = before
 
 
 def _whoami(api, endpoint: str) -> str:

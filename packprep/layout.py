@@ -392,7 +392,7 @@ LOOP_RECIPE = guarded_recipe('check_pipeline(collate_packed, model, "packed/")')
 ```python
 from torch.utils.data import DataLoader
 from packprep.training import PackedDataset, check_pipeline, collate_packed, register_varlen_attention
-model = AutoModelForCausalLM.from_pretrained(..., attn_implementation=register_varlen_attention() or "sdpa")
+model = AutoModelForCausalLM.from_pretrained(MODEL, attn_implementation=register_varlen_attention() or "sdpa")
 check_pipeline(collate_packed, model, "packed/")   # first: raises, naming the cause, on any leak
 loader = DataLoader(PackedDataset("packed/"), batch_size=1, shuffle=True, collate_fn=collate_packed)
 for batch in loader:   # (1, T) input_ids/labels/position_ids, cu_seq_lens_*, max_length_*, use_cache=False

@@ -8,7 +8,7 @@ import json
 import os
 from collections import Counter
 
-from .errors import spell
+from .errors import listing, spell
 from .fates import PACKED, REJECTED
 from .normalize import Conversation, Rejected
 from .read import Record
@@ -115,11 +115,13 @@ class Ledger:
             self._handle.write(json.dumps(entry, ensure_ascii=False) + "\n")
 
 
-def top_reasons(reasons: Counter, examples: dict[str, dict], top: int = 3, names_only: bool = False) -> list[str]:
+def top_reasons(reasons: Counter, examples: dict[str, dict], top: int = 5, names_only: bool = False) -> list[str]:
     """The most common rejection reasons, each with its first example: file, line and the reason
-    (``names_only``: the file's name without its folder, for what may be published: the manifest)."""
+    (``names_only``: the file's name without its folder, for what may be published: the manifest);
+    past ``top``, one line naming the rest with their counts ("+N more"), so no reason goes unsaid."""
     lines = []
-    for code, count in reasons.most_common(top):
+    ranked = reasons.most_common()
+    for code, count in ranked[:top]:
         entry = examples.get(code)
         where = ""
         if entry is not None:
@@ -127,6 +129,8 @@ def top_reasons(reasons: Counter, examples: dict[str, dict], top: int = 3, names
             file = os.path.basename(entry["file"]) if names_only else entry["file"]
             where = f": e.g. {file}, {at}: {entry['reason']}"
         lines.append(f"{code} {count:,}{where}")
+    if len(ranked) > top:
+        lines.append(f"+{len(ranked) - top:,} more reasons: {listing(f'{code} {count:,}' for code, count in ranked[top:])}")
     return lines
 
 

@@ -17,7 +17,7 @@ import glob
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +25,7 @@ import numpy as np
 from .errors import ConfigError
 from .normalize import FORMATS
 from .packing import Bins
-from .read import STDIN, Source, resolve_inputs
+from .read import STDIN, Source, json_message, resolve_inputs
 from .settings import check_choice, check_copies, check_mix_weight, check_validation_size
 
 MIX_KEYS = ("path", "name", "weight", "share", "format", "messages_field")
@@ -44,6 +44,7 @@ class MixSource:
     share: float | None = None
     format: str | None = None
     messages_field: str | None = None
+    origin: str | None = field(default=None, compare=False)  # where the mixture file says it, for messages
 
     def describe(self) -> dict:
         return {"name": self.name, "path": self.path,
@@ -111,7 +112,7 @@ def _where(exc: Exception) -> str:
     if mark is not None:
         return f"line {mark.line + 1}, column {mark.column + 1}: {getattr(exc, 'problem', None) or exc}"
     if isinstance(exc, json.JSONDecodeError):
-        return f"line {exc.lineno}, column {exc.colno}: {exc.msg}"
+        return f"line {exc.lineno}, column {exc.colno}: {json_message(exc.msg)}"
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
@@ -160,7 +161,9 @@ def _mix_source(entry, where: str, base: Path) -> MixSource:
     beside = not os.path.isabs(entry["path"]) and (os.path.exists(local) or glob.glob(local))
     path = local if beside else entry["path"]
     source = MixSource(path, str(entry.get("name") or entry["path"]), format=entry.get("format"),
-                       messages_field=entry.get("messages_field"))
+                       messages_field=entry.get("messages_field"),
+                       origin=f"{where}: path {entry['path']!r} (read from the mixture file's folder, "
+                       f"{os.path.abspath(base)}, else the current one)")
     if source.format is not None:
         check_choice(f"{where}: format", source.format, FORMATS)
     if "share" in entry:
@@ -196,7 +199,13 @@ def resolve_mix(mix: list[MixSource]) -> tuple[list[Source], list[int]]:
     if sum(source.path in STDIN for source in mix) > 1:
         raise ConfigError("standard input ('-') is given twice; it can be read once: give it once")
     for number, source in enumerate(mix):
-        for found in resolve_inputs([source.path]):
+        try:
+            found_all = resolve_inputs([source.path])
+        except ConfigError as exc:
+            if source.origin is None:
+                raise
+            raise ConfigError(f"{source.origin}: {exc}") from None
+        for found in found_all:
             found.format, found.messages_field = source.format, source.messages_field
             files.append(found)
             groups.append(number)

@@ -48,6 +48,7 @@ each conversation, and each counts what it changed (``Conversation.changes``; th
 from __future__ import annotations
 
 import json
+import reprlib
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -55,7 +56,7 @@ from importlib import resources
 from typing import Any
 
 from .assistant_turns import ARGUMENTS_TEXT, GIVEN, OTHERS, REASONING_FIELDS, place_reasoning, shape_calls, with_reasoning
-from .errors import ConfigError, Rejected
+from .errors import ConfigError, Rejected, listing
 from .json_limits import JSONLimit, check_depth, loads
 
 FORMATS = ("sharegpt", "openai", "alpaca", "text")
@@ -175,7 +176,8 @@ def normalize(record: Any, fmt: str, fields: FieldNames = FieldNames(), policy: 
     except JSONLimit as exc:  # the record's own nesting, or a JSON text inside one of its strings
         raise Rejected(str(exc), exc.code) from None
     except Rejected as exc:
-        detail = schema_problem(record, fmt, fields)
+        # an unknown role's reason lists the known roles already, as the schema's complaint would
+        detail = None if exc.code == "unknown_role" else schema_problem(record, fmt, fields)
         reason = f"{exc} ({detail})" if detail and detail not in str(exc) else str(exc)
         raise Rejected(reason, exc.code) from None
     return fit(conversation, policy)
@@ -245,10 +247,12 @@ def _speaker(turn, number: int, field_name: str) -> str:
     if not isinstance(turn, dict):
         raise Rejected(f"message {number} is a JSON {_json_type(turn)}, expected an object", "wrong_type")
     if field_name not in turn:
-        raise Rejected(f"message {number} has no {field_name!r} field (keys: {sorted(turn)[:8]})", "missing_field")
+        raise Rejected(f"message {number} has no {field_name!r} field (keys: {listing(map(repr, sorted(turn)))})",
+                       "missing_field")
     value = turn[field_name]
     if not isinstance(value, str) or value not in ROLES:
-        raise Rejected(f"message {number} has unknown role {value!r}; known: {sorted(ROLES)}", "unknown_role")
+        raise Rejected(f"message {number} has unknown role {value!r}; known: {listing(map(repr, sorted(ROLES)), 20)}",
+                       "unknown_role")
     return value
 
 
@@ -558,4 +562,16 @@ def schema_problem(record: Any, fmt: str, fields: FieldNames = FieldNames()) -> 
     if error is None:
         return None
     where = "/".join(str(part) for part in error.absolute_path) or "record"
-    return f"schema {fmt}: at {where}: {error.message[:160]}"
+    return f"schema {fmt}: at {where}: {_schema_message(error)}"
+
+
+def _schema_message(error) -> str:
+    """jsonschema's message, whole: its lists and the value it quotes shortened, not the sentence cut."""
+    value = reprlib.repr(error.instance)
+    if error.validator == "enum":
+        return f"{value} is not one of {listing(map(repr, error.validator_value))}"
+    if len(error.message) <= 160:
+        return error.message
+    if error.validator == "type":
+        return f"{value} is not of type {error.validator_value!r}"
+    return f"{value} breaks the schema's {error.validator!r} rule"

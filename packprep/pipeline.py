@@ -33,13 +33,13 @@ from .normalize import CHANGES
 from .packing import STRATEGY_TABLE, Bins, lower_bound, order_bins
 from .plan import plan_bins
 from .progress import Progress
-from .mix import Mixture, Selection, input_starts, open_inputs, plan_rounds
+from .mix import Mixture, input_starts, open_inputs, plan_rounds
 from .json_scan import scan_json_chunk
 from .parts import Part, PartPlan
 from .read import STDIN, Source, file_sha256
 from .settings import PackConfig, RunOptions, repack_config  # PackConfig also as packprep.pipeline.PackConfig, as before
 from .repack import (Stored, StoredShards, check_cuts, check_stored, folder_mixture, place,
-                     read_lengths, rebuild_ledger, repacked_from, write_tokens)
+                     read_lengths, rebuild_ledger, repacked_from, stored_selection, write_tokens)
 from .split import membership
 from .tokenization import tokenizer_fingerprint
 from .verification import (Report, ShardCheck, ShardContext, check_footers, check_part, check_rows, check_tasks,
@@ -145,10 +145,10 @@ def repack(folder, output, *, overwrite: bool = False, num_proc: int | None = No
             del placement  # its arrays, before pack's stages
             ledger = rebuild_ledger(tmp, source, old, config, stored, fates)
             if mixture is not None:
-                mixture.selection = Selection.from_copies(stored.copies, stored.held)
+                mixture.selection = stored_selection(stored, fates)
             described = {"inputs": old["inputs"], "tokenizer": old["tokenizer"]}
             manifest = write_output(tmp, store, ledger, config, engine, progress, background, lambda: described,
-                                    mixture, repacked_from(source, old) if accepted else None, layout)
+                                    mixture, repacked_from(source, old, config.max_len) if accepted else None, layout)
             target.commit()
             return manifest
     finally:

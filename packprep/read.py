@@ -303,7 +303,7 @@ def _raw_preview(text: str) -> str:
 
 def _decode_error(exc: Exception) -> str:
     if isinstance(exc, json.JSONDecodeError):
-        return f"invalid JSON at column {exc.colno}: {exc.msg}"
+        return f"invalid JSON at column {exc.colno}: {json_message(exc.msg)}"
     if isinstance(exc, RecursionError):
         return "JSON nested too deeply to decode"
     return f"invalid JSON: {str(exc)[:120]}"  # e.g. an integer of more than 4300 digits
@@ -457,11 +457,19 @@ def _read_json(path: str) -> Iterator[Record]:
 
 def _invalid_json(path: str, message: str, where: tuple[int, int, int, int], hint: str = "") -> InputError:
     """Invalid JSON at ``where``: line, column, character and byte, as json counts them in the whole text."""
-    if message.startswith("Unterminated string"):  # json says "... starting at" and leaves the place out
-        message = "a string that starts here is never closed"
     line, column, char, byte = where
     return InputError(f"{path}: not valid JSON at line {line}, column {column} (character {char}, byte {byte:,}): "
-                      f"{message}{hint}")
+                      f"{json_message(message)}{hint}")
+
+
+def json_message(message: str) -> str:
+    """json's message as a whole sentence: it ends some with "at" and leaves the place to its caller."""
+    if message.startswith("Unterminated string"):
+        return "a string that starts here is never closed"
+    if message.startswith("Invalid control character"):
+        return ("a control character (a raw tab, line break or other character below U+0020) inside a string; "
+                "JSON needs it escaped (\\t, \\n, \\u0001)")
+    return message.removesuffix(" at")
 
 
 def _json_type(value: Any) -> str:

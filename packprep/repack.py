@@ -33,18 +33,28 @@ from .fates import DROPPED, EMPTIED, PACKED, REJECTED, TRUNCATED, UNSAMPLED
 from .layout import IGNORE_INDEX, TREE_COLUMN, ShardReader, list_column
 from .ledger import Ledger
 from .materialize import Spilled, TokenStore, spill_path
-from .mix import MixSource, Mixture
+from .mix import MixSource, Mixture, Selection
 from .plan import overlong_fates
 
 TOKEN_COLUMNS = ("ids", "labels")  # the token store's two files (materialize.spill_path)
 
 
-def repacked_from(folder: Path, manifest: dict) -> dict:
-    """The manifest key that says cut sequences were taken as stored: no longer what pack would write."""
-    counts = manifest["counts"]
-    return {"repacked_from": {"path": str(folder), "max_len": manifest["config"]["max_len"],
-                              "truncated_as_stored": counts["truncated"],
-                              "dropped_as_stored": counts["rejected_by_reason"].get("overlong", 0)}}
+def repacked_from(folder: Path, manifest: dict, max_len: int) -> dict:
+    """The manifest key that says what was taken as stored, no longer what pack would write: sequences cut
+    at the old ``max_len`` (a longer one now), or a mixture's selection (records, copies, held-out ones)
+    kept at a shorter one that cuts sequences the shares were drawn from."""
+    counts, before = manifest["counts"], int(manifest["config"]["max_len"])
+    longer = max_len > before
+    return {"repacked_from": {"path": str(folder), "max_len": before,
+                              "truncated_as_stored": counts["truncated"] if longer else 0,
+                              "dropped_as_stored": counts["rejected_by_reason"].get("overlong", 0) if longer else 0,
+                              "selection_as_stored": not longer}}
+
+
+def stored_selection(stored: "Stored", fates: np.ndarray) -> Selection:
+    """The folder's mixture selection, of the sequences that stay sequences at the new ``max_len``."""
+    keep = kept(fates)
+    return Selection.from_copies(stored.copies[keep], stored.held[keep])
 
 
 def check_stored(folder: Path, manifest: dict, found: list[dict]) -> None:
@@ -306,10 +316,14 @@ def check_cuts(folder: Path, old: dict, config, stored: Stored, mixture: Mixture
             raise ConfigError(f"{folder}: its mixture or validation split was drawn with --seed {old['config']['seed']}; "
                               "another seed draws other records: pack again from the inputs, or keep the seed")
         longest = int(stored.lengths.max(initial=0))
-        if config.overlong != "split" and longest > config.max_len:
+        cut_now = config.overlong != "split" and longest > config.max_len
+        if cut_now and not accept:
             raise ConfigError(f"{folder}: a sequence of {longest:,} tokens would be cut at --max-len {config.max_len}, "
                               "changing the token counts its mixture and validation split were drawn from; pack "
-                              "again from the inputs, or choose --max-len of at least that")
+                              "again from the inputs, pass --accept-truncated to keep its records, copies and "
+                              "validation split as they are (the shares then hold of the tokens before the cut), "
+                              "or choose --max-len of at least that")
+        return bool(cut or cut_now)
     return bool(cut)
 
 

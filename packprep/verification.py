@@ -80,6 +80,7 @@ class Report:
     sequences: int = 0
     tokens: int = 0
     retokenized: int = 0  # sequences checked against their re-tokenized input records
+    validation: dict | None = None  # the validation split's rows, sequences and tokens, where there is one
 
     @property
     def ok(self) -> bool:
@@ -484,6 +485,7 @@ def _check_validation(context: ShardContext, manifest: dict, seen: np.ndarray, r
         held[shard.sources] = True
         totals += (shard.rows, shard.sequences, shard.tokens, shard.supervised)
         complete = complete and shard.complete
+    report.validation = dict(zip(("rows", "sequences", "tokens"), map(int, totals[:3])))
     if not complete:
         return seen | held, complete
     said = (validation["rows"], validation["sequences"], validation["tokens"]["total"], validation["tokens"]["supervised"])

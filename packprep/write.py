@@ -59,7 +59,7 @@ class OutputFolder:
     lies inside a path the run reads (``reads``: files and folders as typed); written atomically."""
 
     def __init__(self, path: str | os.PathLike, overwrite: bool = False, reads=(), option: str = "--output"):
-        self.named, self.option = os.fsdecode(path), option
+        self.named, self.option = os.fsdecode(path), option  # as the user typed it, for messages
         self.final = _through_links(Path(path).absolute())
         self.overwrite = overwrite
         self.reads = list(reads)
@@ -71,9 +71,9 @@ class OutputFolder:
         check_utf8(str(self.final), self.option)
         refuse_reads(self.option, self.named, self.final, self.reads)
         if self.final.exists() and not self.overwrite:
-            raise ConfigError(f"{self.final} already exists; pass --overwrite to replace it, or choose another --output")
+            raise ConfigError(f"{self.named} already exists; pass --overwrite to replace it, or choose another --output")
         if self.final.exists() and not self.final.is_dir():
-            raise ConfigError(f"{self.final} exists and is not a folder")
+            raise ConfigError(f"{self.named} exists and is not a folder")
         parent = self.final.parent
         while not parent.exists():  # missing parents are created when writing starts, like mkdir -p
             parent = parent.parent
@@ -111,7 +111,7 @@ class OutputFolder:
             with stops_held():
                 if self.final.exists():
                     if not self.overwrite:
-                        raise ConfigError(f"{self.final} appeared while packing; pass --overwrite to replace it")
+                        raise ConfigError(f"{self.named} appeared while packing; pass --overwrite to replace it")
                     old = self.final.parent / f".{self.final.name}.packprep-old-{os.getpid()}"
                     os.rename(self.final, old)
                 os.rename(self.tmp, self.final)

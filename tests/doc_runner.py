@@ -19,8 +19,9 @@ with ``&&``, end in ``| head -N`` or ``> FILE``; set-up steps (``python3 -m venv
 are left out: the tests run in the environment they set up. ``packprep`` runs in-process (quiet, one
 process unless the line says otherwise: the output is the same); any other program as a subprocess.
 The sandbox holds the names the pages use, made on first mention (``WORLD``): ``chats.jsonl`` is the
-bundled example, ``./llama3`` the fixtures' Llama-3 tokenizer, ``mix.yaml`` examples/mix.yaml, and
-``../shared`` the fixtures beside the checkout.
+bundled example, ``./llama3`` the fixtures' Llama-3 tokenizer, ``./qwen3`` what ``packprep tokenizer make``
+makes of the fixtures' Qwen2.5 vocabulary and Qwen3's template, ``mix.yaml`` examples/mix.yaml, and
+``../shared`` the fixtures beside the checkout; a name the block writes (``-o ./qwen3``) is left to it.
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ WORLD = {
     "Qwen3-8B": _template("qwen3"),
     "Llama-3.2-3B-Instruct": _template("llama-3.2"),
     "examples": _link(REPO / "examples"),
+    "tests": _link(REPO / "tests"),  # tests/templates: the chat templates as published
     "benchmarks": _link(REPO / "benchmarks"),
 }
 
@@ -148,7 +150,8 @@ class Sandbox:
     def provide(self, text: str) -> None:
         for name, make in WORLD.items():
             dest = self.dir / name
-            if not dest.exists() and re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", text):
+            written = re.search(rf"(?:-o|--output)\s+(?:\./)?{re.escape(name)}/?(?![\w-])", text)  # the page makes it
+            if not dest.exists() and not written and re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", text):
                 make(dest)
 
     def run(self, block: Block) -> None:

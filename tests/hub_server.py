@@ -19,8 +19,8 @@ compare bytes:
 Errors carry ``X-Error-Code`` / ``X-Error-Message`` the way the Hub sends them, so the client raises
 the same exception classes (``RevisionNotFoundError``, ``RepositoryNotFoundError``, 401, 403 ...).
 
-The client uploads through Xet when ``hf_xet`` is installed; tests turn that off
-(``huggingface_hub.constants.HF_HUB_DISABLE_XET = True``) so the plain HTTP LFS path is used.
+The client uploads through Xet when ``hf_xet`` is installed and the server takes it; this one does not
+(404 at ``xet-write-token``), and ``packprep push`` then uploads through the plain HTTP LFS path.
 
 Usage::
 

@@ -1,4 +1,4 @@
-"""An independent per-turn labeler: the label definition (docs/chat-templates.md) rebuilt on
+"""An independent per-turn labeler: the label definition (docs/label-definition.md) rebuilt on
 transformers' own chat-template renderer, sharing no code with packprep's renderer.
 
 For each assistant turn k: context ``C_k = render(messages[:k], add_generation_prompt=True)`` and
@@ -28,7 +28,7 @@ SHAPES = {
 }
 
 
-DAY = date(2024, 7, 26)  # packprep's default fixed date (docs/chat-templates.md, Dates)
+DAY = date(2024, 7, 26)  # packprep's default fixed date (docs/label-definition.md, Dates)
 
 
 def renderer(tok, template: str | None = None):

@@ -14,14 +14,14 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from packprep.tokenizer_make import added_token, write_folder
+
 from .conftest import TOKENIZERS
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
 
-def _token(id, content, special=True, rstrip=False):
-    return {"id": id, "content": content, "single_word": False, "lstrip": False, "rstrip": rstrip,
-            "normalized": False, "special": special}
+_token = added_token
 
 
 QWEN25_ADDED = [
@@ -137,16 +137,7 @@ def build_folder(name: str, dest: str | Path) -> Path:
         tokenizer["post_processor"] = _bos_processor(bos, next(t["id"] for t in added if t["content"] == bos))
     elif family.base == "llama2":  # Phi-3.5 adds no BOS (add_bos_token false)
         tokenizer["post_processor"] = None
-    config["added_tokens_decoder"] = {
-        str(t["id"]): {k: t[k] for k in ("content", "lstrip", "normalized", "rstrip", "single_word", "special")}
-        for t in added}
-    config["chat_template"] = (TEMPLATES / family.template).read_text(encoding="utf-8")
-    (dest / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False), encoding="utf-8")
-    (dest / "tokenizer_config.json").write_text(json.dumps(config, ensure_ascii=False, indent=1), encoding="utf-8")
-    for licence in ("LICENSE", "NOTICE"):
-        if (base / licence).is_file():
-            (dest / licence).write_bytes((base / licence).read_bytes())
-    return dest
+    return write_folder(dest, tokenizer, config, (TEMPLATES / family.template).read_text(encoding="utf-8"), base)
 
 
 # ---- the template zoo: every public template of tests/templates/zoo/ on a fixture vocabulary ----------
@@ -263,13 +254,5 @@ def build_zoo_folder(name: str, dest: str | Path) -> Path:
         tokenizer["post_processor"] = None  # the base's post-processor adds its <s>
     config = {"bos_token": entry.bos, "eos_token": entry.eos, "pad_token": entry.eos,
               "unk_token": "<unk>" if entry.base in (L2, MI) else None, "clean_up_tokenization_spaces": False,
-              "model_max_length": 131072, "tokenizer_class": "PreTrainedTokenizerFast",
-              "added_tokens_decoder": {str(t["id"]): {k: t[k] for k in ("content", "lstrip", "normalized", "rstrip",
-                                                                        "single_word", "special")} for t in added},
-              "chat_template": template}
-    (dest / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False), encoding="utf-8")
-    (dest / "tokenizer_config.json").write_text(json.dumps(config, ensure_ascii=False, indent=1), encoding="utf-8")
-    for licence in ("LICENSE", "NOTICE"):
-        if (base / licence).is_file():
-            (dest / licence).write_bytes((base / licence).read_bytes())
-    return dest
+              "model_max_length": 131072, "tokenizer_class": "PreTrainedTokenizerFast"}
+    return write_folder(dest, tokenizer, config, template, base)

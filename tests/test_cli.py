@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -44,7 +45,7 @@ def test_main_help_and_version():
 def test_every_command_help_shows_examples_and_exit_codes(command):
     result = run(command, "--help")
     assert result.exit_code == 0
-    examples = result.output.split("Example", 1)[1].split("Options:", 1)[0]
+    examples = re.split(r"^\S.*:$", result.output.split("Examples:", 1)[1], flags=re.M)[0]
     lines = [line.strip() for line in examples.splitlines() if line.strip().startswith("packprep ")]
     assert lines and all(line.split()[1] == command for line in lines)
     assert "Exit codes:" in result.output

@@ -1,4 +1,4 @@
-"""The token-exact definition, one literal case a cause (docs/chat-templates.md, The label definition).
+"""The token-exact definition, one literal case a cause (docs/label-definition.md).
 
 Each case is a small template on the example tokenizer, and each is checked against the
 independent per-turn labeler (tests/reference_labels.py, on transformers' renderer and tokenizer)

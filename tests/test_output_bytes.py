@@ -9,7 +9,10 @@ for the token-exact definition: no shard changed; the manifest and card gained t
 setting and the ``roles_mapped`` and ``reasoning_trained`` counts, and the unknown-role rejection
 lists ``developer`` among the known roles. And once more when reject reasons came to name settings as
 the caller spells them: packed from Python here, the fixtures' rejects.jsonl, manifest and card say
-``max_len 1024``, not ``--max-len 1024``; no shard changed.
+``max_len 1024``, not ``--max-len 1024``; no shard changed. And when reasons came whole: the example's
+rejects.jsonl, manifest and card quote the unknown role's list and the schema's complaint without
+cutting them, and the manifest names a fourth reason; no shard changed. And when the plain loop's
+recipe came to load ``MODEL`` (runnable on the page, not ``...``): the packprep layout's cards only.
 
 Paths of the inputs and the output are replaced by placeholders before hashing. To re-capture after
 an intended change of output: ``PYTHONPATH=. python tests/test_output_bytes.py --write``.

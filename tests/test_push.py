@@ -63,7 +63,8 @@ def hub(monkeypatch, tmp_path):
         monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))  # "not logged in"
         monkeypatch.setattr(constants, "HF_STORED_TOKENS_PATH", str(tmp_path / "no-tokens"))
         monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # tokenizer tests may set it; a push needs the net
-        monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)  # the plain HTTP (LFS basic) upload path
+        # hf_xet is installed and HF_HUB_DISABLE_XET unset: push finds that this Hub takes no Xet uploads
+        monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", False)
         yield server
 
 
@@ -168,15 +169,18 @@ def test_large_folder_goes_in_several_commits_and_an_interrupted_push_resumes(pa
 
 
 def test_stale_shards_of_an_earlier_push_are_deleted(packed, hub):
-    from huggingface_hub import CommitOperationAdd, HfApi
+    from huggingface_hub import CommitOperationAdd, HfApi, constants
 
     hub.add_repo("alice/chat-packed", files={"LICENSE": b"CC-BY-4.0\n"})
-    HfApi(endpoint=hub.url, token=TOKEN).create_commit(
-        "alice/chat-packed", [CommitOperationAdd("data/train-00000-of-00099.parquet", b"old shard"),
-                              CommitOperationAdd("rejects.jsonl", b"{}\n")],
-        commit_message="an older push", repo_type="dataset")
+    with pytest.MonkeyPatch.context() as patch:  # the client alone, as this Hub wants it
+        patch.setattr(constants, "HF_HUB_DISABLE_XET", True)
+        HfApi(endpoint=hub.url, token=TOKEN).create_commit(
+            "alice/chat-packed", [CommitOperationAdd("data/train-00000-of-00099.parquet", b"old shard"),
+                                  CommitOperationAdd("rejects.jsonl", b"{}\n")],
+            commit_message="an older push", repo_type="dataset")
 
     result = push(packed, "alice/chat-packed", token=TOKEN)
+    assert constants.HF_HUB_DISABLE_XET is False  # turned off for the push alone
 
     remote = hub.files("alice/chat-packed")
     assert "data/train-00000-of-00099.parquet" not in remote and result.deleted == ["data/train-00000-of-00099.parquet"]

@@ -132,11 +132,34 @@ def test_repack_of_a_mixture_and_validation_split_equals_pack(tokenizer, tmp_pat
     assert files(tmp_path / "repacked") == files(tmp_path / "packed")
     with pytest.raises(ConfigError, match="drawn with seed 5"):
         repack(tmp_path / "old", tmp_path / "other-seed", seed=6)
-    with pytest.raises(ConfigError, match="would be cut at max_len 1024"):  # shares drawn from other lengths
-        repack(tmp_path / "old", tmp_path / "shorter", max_len=1024)
+    with pytest.raises(ConfigError, match="would be cut at max_len 1024.*accept_truncated=True"):  # shares drawn
+        repack(tmp_path / "old", tmp_path / "shorter", max_len=1024)                      # from other lengths
     with pytest.raises(ConfigError, match="megatron.? writes files of its own, with no validation split"):
         repack(tmp_path / "old", tmp_path / "megatron", layout="megatron")  # before any pass over the shards
     assert not (tmp_path / "megatron").exists()
+
+
+@needs_fixtures
+def test_a_mixture_repacked_shorter_keeps_its_records_copies_and_split_when_asked(tokenizer, tmp_path):
+    mix = tmp_path / "mix.json"
+    mix.write_text(json.dumps([{"path": INPUTS[0], "weight": 2}, {"path": INPUTS[1], "share": 0.3}]))
+    old = packprep.pack([], str(tmp_path / "old"), tokenizer, max_len=BASE_LEN, num_proc=1, mix=str(mix),
+                        validation_size=0.1)
+    result = CliRunner().invoke(main, ["repack", str(tmp_path / "old"), "-o", str(tmp_path / "short"), "--max-len",
+                                       "256", "--accept-truncated", "-q", "--num-proc", "1"])
+    assert result.exit_code == 0, result.output
+    assert "validation split kept as" in result.output and "not what pack would write" in result.output
+    short = json.loads((tmp_path / "short" / "packprep.json").read_text())
+    assert short["repacked_from"]["selection_as_stored"] is True and short["counts"]["truncated"] > 0
+    held = lambda manifest: {(m["input"], i) for m in manifest["validation"]["members"] for i in m["indices"]}  # noqa: E731
+    rejects = [json.loads(line) for line in (tmp_path / "short" / "rejects.jsonl").read_text().splitlines()]
+    dropped = {r["source_index"] for r in rejects if r["code"] == "overlong"}
+    starts = [0, old["inputs"][0]["records"]]
+    lost = held(old) - held(short)  # held out before, and now dropped: nothing left to train on at 256
+    assert held(short) <= held(old) and {starts[i] + j for i, j in lost} <= dropped
+    kept = short["counts"]["records"] - short["counts"]["rejected"] - short["counts"]["unsampled"]
+    assert kept <= old["counts"]["records"] - old["counts"]["rejected"] - old["counts"]["unsampled"]
+    assert packprep.verify(tmp_path / "short").ok
 
 
 @needs_fixtures

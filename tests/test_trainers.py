@@ -150,8 +150,9 @@ def test_check_pipeline_makes_the_trainers_own_batch(folders, tokenizer):
     assert report["max_abs_diff"] < 1e-3
 
 
-def test_check_pipeline_names_a_kv_cache(folders, tokenizer):
-    """A plain loop whose model keeps use_cache=True (the config default) and a collator without use_cache."""
+def test_check_pipeline_names_a_kv_cache(folders, tokenizer, capsys):
+    """A plain loop whose model keeps use_cache=True (the config default) and a collator without use_cache;
+    a failing check prints nothing, a passing one a line."""
     model = tiny_llama(tokenizer)
     assert model.config.use_cache
 
@@ -162,7 +163,14 @@ def test_check_pipeline_names_a_kv_cache(folders, tokenizer):
 
     with pytest.raises(PackingIsolationError, match="KV cache"):
         check_pipeline(collate_without_use_cache, model, folders["packprep"])
-    assert check_pipeline(collate_packed, model, folders["packprep"])["max_abs_diff"] < 1e-3
+    assert capsys.readouterr().out == ""
+    result = check_pipeline(collate_packed, model, folders["packprep"])
+    assert result["max_abs_diff"] < 1e-3
+    said = capsys.readouterr().out.splitlines()
+    assert said == [f"check_pipeline: ok, {result['sequences']} packed sequences ({result['tokens']:,} tokens) equal "
+                    f"the same run alone (max logit difference {result['max_abs_diff']:.2g}, tolerance 0.001)"]
+    check_pipeline(collate_packed, model, folders["packprep"], quiet=True)
+    assert capsys.readouterr().out == ""
 
 
 # ---------------------------------------------------------------------------------------------

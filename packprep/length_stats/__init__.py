@@ -227,7 +227,14 @@ def stats_folder(folder: str | os.PathLike, global_batch_size: int = 64, epochs:
         "fill_histogram": fill_bins,
         **({"steps": _folder_steps(manifest, seq_lengths, per_row, dp_size, rows_per_step, model_config)}
            if dp_size else {}),
+        **({"validation": _split_totals(folder, manifest, manifest["validation"])} if manifest.get("validation") else {}),
     }
+
+
+def _split_totals(folder: Path, manifest: dict, split: dict) -> dict:
+    """Rows, sequences and tokens of a split other than train, read from its shards as train's are."""
+    row_lengths, _, seq_lengths = collect_folder(folder, {**manifest, "shards": split["shards"]})
+    return {"rows": int(len(row_lengths)), "sequences": int(len(seq_lengths)), "tokens": int(row_lengths.sum())}
 
 
 def _folder_steps(manifest, seq_lengths, per_row, dp_size, rows_per_step, model_config) -> dict:

@@ -41,10 +41,11 @@ class InputLengths:
 
 
 def collect_inputs(encoding: Encoding, ledger: Ledger, max_lens: list[int], engine: "Engine",
-                   progress: bool = False) -> InputLengths:
-    """Encode every record as ``pack`` does, on ``engine``; keep only lengths and label counts."""
+                   progress: bool = False, label: str = "read+tokenize") -> InputLengths:
+    """Encode every record as ``pack`` does, on ``engine``; keep only lengths and label counts
+    (``label``: the progress bar's, which says what this pass is for where there are several)."""
     parts: list[InputLengths] = []
-    with Progress(progress, None, "read+tokenize", "conv") as bar:
+    with Progress(progress, None, label, "conv") as bar:
         sink = partial(LengthSink, tuple(max_lens))
         for result in encoding.run(engine, plan_parts(encoding.sources, engine), ledger, sink):
             parts.append(result.payload)
@@ -133,7 +134,8 @@ def turn_context_costs(encoding: Encoding, ledger: Ledger, collected: InputLengt
         encoder.turn_context = policy
         other = replace(encoding, encoder=encoder, config=replace(encoding.config, turn_context=policy))
         tally = Ledger(encoding.config.on_error)
-        costs[policy] = row(collect_inputs(other, tally, [encoding.config.max_len], engine, progress), tally)
+        costs[policy] = row(collect_inputs(other, tally, [encoding.config.max_len], engine, progress,
+                                           f"read+tokenize again, as --turn-context {policy}"), tally)
     return {policy: costs[policy] for policy in TURN_CONTEXTS}
 
 

@@ -243,10 +243,15 @@ def _render_folder(report: dict) -> str:
         lines.extend(_wrap(changes_text(counts.get("normalized") or {}, counts.get("turns_not_located", 0))))
         lines.extend(_wrap(context_text(config.get("turn_context", "exact"), counts)))
     supervised = report["tokens"]["supervised"]
+    validation = report.get("validation")
     lines.append(
-        f"{_n(report['rows'])} rows, {_n(report['sequences'])} sequences, {_n(report['tokens']['total'])} tokens"
+        ("train: " if validation else "")
+        + f"{_n(report['rows'])} rows, {_n(report['sequences'])} sequences, {_n(report['tokens']['total'])} tokens"
         + (f" ({_n(supervised)} supervised)" if supervised is not None else "")
     )
+    if validation:
+        lines.append(f"validation: {_n(validation['rows'])} rows, {_n(validation['sequences'])} sequences, "
+                     f"{_n(validation['tokens'])} tokens (the figures below are train's)")
     width = report.get("row_width", config["max_len"])
     lines.extend(_wrap(
         (f"efficiency {report['efficiency']:.2%}" if width == config["max_len"] else

@@ -273,7 +273,20 @@ def _pick(dataset, trainer, max_rows: int) -> tuple[int, list[tuple[int, int]]]:
 
 
 def check_pipeline(pipeline, model=None, data: str | os.PathLike | None = None, *, atol: float | None = None,
-                   max_rows: int = 256, layout: str | None = None) -> dict:
+                   max_rows: int = 256, layout: str | None = None, quiet: bool = False) -> dict:
+    """:func:`check_rows`, and on a pass one line saying what was checked (``quiet``: none), so that a
+    script's log shows the guard ran."""
+    result = check_rows(pipeline, model, data, atol=atol, max_rows=max_rows, layout=layout)
+    if not quiet:
+        what = (f"{result['paths']} root-to-leaf paths" if "paths" in result
+                else f"{result['sequences']} packed sequences")
+        print(f"check_pipeline: ok, {what} ({result['tokens']:,} tokens) equal the same run alone "
+              f"(max logit difference {result['max_abs_diff']:.2g}, tolerance {result['tolerance']:.2g})")
+    return result
+
+
+def check_rows(pipeline, model=None, data: str | os.PathLike | None = None, *, atol: float | None = None,
+               max_rows: int = 256, layout: str | None = None) -> dict:
     """Run packed rows of ``data`` through the user's own pipeline and model; raise on any leak.
 
     ``pipeline``: the collate function given to the DataLoader (``collate_packed``, a transformers
@@ -291,7 +304,9 @@ def check_pipeline(pipeline, model=None, data: str | os.PathLike | None = None, 
     ``atol``: 1e-3 in float32, else bf16 rounding), and no label may ask a sequence to predict the
     next one's first token. On a leak, raises :class:`PackingIsolationError` naming the cause: merged or
     recomputed position ids, an attention mask, a KV cache, truncation, dropped columns, labels.
-    Returns the max logit difference and the summed loss of the row packed and run one by one.
+    Returns a dict: ``max_abs_diff`` (the largest logit difference) and ``tolerance``; ``sequences`` and
+    ``tokens`` checked; ``loss_packed`` and ``loss_alone`` (the summed loss of the batch packed and of its
+    sequences run one by one); shared-prefix rows: ``paths`` and ``tokens``.
     For a trainer and a folder packed with ``--balance-dp``, also warns (:func:`check_order`) when
     the trainer's sampler would not read the rows in the order they were balanced for.
     """
