@@ -269,10 +269,26 @@ def compile_template(template: str):
     lstrip_blocks, loop controls, the ``generation`` tag, ``tojson`` without HTML escaping,
     ``raise_exception``, ``strftime_now`` (of a fixed date, not the clock), a restricted ``dict`` and ``namespace``).
     """
+    from jinja2.ext import loopcontrols
+
+    Generation, TemplateDict, TemplateNamespace = _template_types()
+    environment = _environment_type()(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols])
+    environment.filters["tojson"] = _tojson
+    environment.filters.update({name: _bounded_filter(name, environment.filters[name])
+                                for name in GROWING & set(environment.filters)})
+    environment.globals["raise_exception"] = _raise_exception
+    environment.globals["strftime_now"] = FixedClock(check_date(DEFAULT_DATE))  # never the clock: template_inputs.py
+    environment.globals["dict"] = TemplateDict()
+    environment.globals["namespace"] = TemplateNamespace
+    return environment.from_string(template)
+
+
+@functools.lru_cache(maxsize=1)
+def _template_types():
+    """The ``generation`` tag, ``dict`` and ``namespace`` as transformers gives them to a template (made on
+    first use: ``import packprep`` does not import jinja2)."""
     import jinja2
-    from jinja2.compiler import CodeGenerator
-    from jinja2.ext import Extension, loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    from jinja2.ext import Extension
 
     class Generation(Extension):
         """``{% generation %}...{% endgeneration %}`` renders its body (transformers tracks it; we need not)."""
@@ -310,6 +326,14 @@ def compile_template(template: str):
         def _check_name(name):
             if isinstance(name, str) and name.startswith("_"):
                 raise jinja2.exceptions.SecurityError(f"chat templates cannot set {name!r} on a namespace")
+    return Generation, TemplateDict, TemplateNamespace
+
+
+@functools.lru_cache(maxsize=1)
+def _environment_type():
+    """The sandboxed environment, bounded in what a template writes and builds (made on first use)."""
+    from jinja2.compiler import CodeGenerator
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     class Generator(CodeGenerator):
         def visit_Concat(self, node, frame):  # ``a ~ b``: joined by the environment, which bounds it
@@ -360,16 +384,7 @@ def compile_template(template: str):
             if len(text) > RENDERED_CHARS:
                 raise RenderTooLong()
             return text
-
-    environment = Environment(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols])
-    environment.filters["tojson"] = _tojson
-    environment.filters.update({name: _bounded_filter(name, environment.filters[name])
-                                for name in GROWING & set(environment.filters)})
-    environment.globals["raise_exception"] = _raise_exception
-    environment.globals["strftime_now"] = FixedClock(check_date(DEFAULT_DATE))  # never the clock: template_inputs.py
-    environment.globals["dict"] = TemplateDict()
-    environment.globals["namespace"] = TemplateNamespace
-    return environment.from_string(template)
+    return Environment
 
 
 def faster_sandbox(compiled):
