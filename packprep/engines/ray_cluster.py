@@ -3,7 +3,7 @@
 
 On each node of the cluster, :class:`RayEngine` starts one Ray actor that holds that node's share
 of the CPUs for the whole run (:class:`NodeWorkers`). A stage's tasks are calls to these actors;
-an actor runs them on :class:`~packprep.engines.ForkedWorkers`, processes it forks for the stage
+an actor runs them on :class:`~packprep.engines.workers.ForkedWorkers`, processes it forks for the stage
 once the stage's context is loaded, as the local engine does on one machine. So a task runs in a
 plain forked process that shares its node's tokenizer, with none of a Ray worker's ~40 threads,
 and each node always has its next task queued. (A Ray task a part, and then an actor a CPU, were
@@ -25,7 +25,7 @@ import threading
 from collections import deque
 
 from ..errors import ConfigError, WorkerDied
-from . import IN_FLIGHT_PER_WORKER, ForkedWorkers, ordered
+from .workers import IN_FLIGHT_PER_WORKER, ForkedWorkers, ordered
 
 QUEUED_PER_NODE = 1  # calls sent a node beyond its workers: its next task waits there while they run (not
 # more: a task queued on one node at the end of a stage is one another node cannot take)
