@@ -9,7 +9,9 @@ for the token-exact definition: no shard changed; the manifest and card gained t
 setting and the ``roles_mapped`` and ``reasoning_trained`` counts, and the unknown-role rejection
 lists ``developer`` among the known roles. And once more when reject reasons came to name settings as
 the caller spells them: packed from Python here, the fixtures' rejects.jsonl, manifest and card say
-``max_len 1024``, not ``--max-len 1024``; no shard changed.
+``max_len 1024``, not ``--max-len 1024``; no shard changed. And when the manifest and card came to
+count the assistant turns and supervised tokens ``--max-len`` cuts (``turns_cut``, ``supervised_cut``,
+and a record that loses a sequence to truncation counted truncated): no shard or rejects.jsonl changed.
 
 Paths of the inputs and the output are replaced by placeholders before hashing. To re-capture after
 an intended change of output: ``PYTHONPATH=. python tests/test_output_bytes.py --write``.
