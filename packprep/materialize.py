@@ -23,7 +23,7 @@ from .fates import DROPPED, EMPTIED, TRUNCATED
 from .layout import IGNORE_INDEX, ROW_SCHEMA, tree_row_schema
 from .packing import index_dtype
 from .plan import cut_cost, overlong_fates
-from .prefix_tree import build_tree, truncate_tree
+from .prefix_tree import build_trees, truncate_tree
 from .parts import Part
 
 RUNNING_BLOCK = 1 << 20  # values summed at a time into int64 (see _running_total)
@@ -238,11 +238,12 @@ class PackSink:
         self.spill = TokenSpill(cache_dir, part.number, shared_prefix)
 
     def _sequences(self, item) -> list:
-        """A record's sequences: as encoded, or (``shared_prefix``) its one prefix tree."""
+        """A record's sequences: as encoded, or (``shared_prefix``) its prefix trees, split at branch
+        points into trees that fit ``max_len`` where one does not (``prefix_tree.build_trees``)."""
         if not self.shared_prefix:
             return item.sequences
-        tree = build_tree(item.sequences)
-        return [(tree.input_ids, tree.labels, tree.position_ids, tree.descendants)]
+        return [(tree.input_ids, tree.labels, tree.position_ids, tree.descendants)
+                for tree in build_trees(item.sequences, self.max_len)]
 
     def take(self, batch, ledger: Ledger) -> int:
         kept = [(number, record, conversation, item) for number, record, conversation, item in batch
@@ -270,7 +271,7 @@ class PackSink:
             if len(whole) < len(mine) or any(fate == TRUNCATED for fate, *_ in whole):
                 ledger.status[number] = TRUNCATED  # cut, or a sequence of it left out: not packed whole
             for n, (fate, ids, labels, *tree) in enumerate(whole):
-                if fate == TRUNCATED:
+                if fate == TRUNCATED:  # a tree is cut only where it is one sequence (build_trees)
                     ids, labels = ids[: self.max_len], labels[: self.max_len]
                     tree = truncate_tree(*tree, self.max_len) if tree else tree
                 self.spill.append(ids, labels, n > 0, *tree)
