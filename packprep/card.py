@@ -6,6 +6,7 @@ import json
 
 from .layout import COLUMNS, FILES, LayoutContext, get_layout
 from .normalize import changes_text
+from .plan import cut_text
 from .render import context_text
 
 # Values the Hub accepts for ``size_categories``: (upper bound of rows, label).
@@ -281,7 +282,8 @@ than the lower bound ceil(tokens / max_len).
 Records: {counts['records']:,} read, {counts['packed']:,} packed whole, {counts['truncated']:,} truncated,
 {counts['split']:,} split, {counts['rejected']:,} rejected ({reasons}; see `rejects.jsonl`).
 Normalizing, {changes_text(counts.get('normalized') or {}, counts.get('turns_not_located', 0))}.
-Labels: {context_text(manifest['config'].get('turn_context', 'exact'), counts)}{_form_text(manifest)} (docs/chat-templates.md). Inputs:
+Truncation, {cut_text(counts, config['max_len'])}.
+Labels: {context_text(manifest['config'].get('turn_context', 'exact'), counts, bool(manifest['config'].get('shared_prefix')))}{_form_text(manifest)} (docs/chat-templates.md). Inputs:
 
 {_inputs_text(manifest)}
 {_mixture_section(manifest)}

@@ -33,7 +33,7 @@ from .settings import ON_ERROR, PREFERENCE, PackConfig
 from .balance import SAMPLERS
 from .length_stats import DEFAULT_MAX_LENS, DEFAULT_STRATEGIES, stats as stats_
 from .verification import verify as verify_
-from .plan import OVERLONG
+from .plan import OVERLONG, cut_text
 from .template_inputs import parse_template_args
 from .tokenization import BACKENDS, TRAIN_ON
 from .write import SHARD_FORMATS, refuse_reads
@@ -301,7 +301,9 @@ def _pack_summary(manifest: dict, output: str) -> str:
                      f"predicted step efficiency {balance['step_efficiency']:.3f} read in order, "
                      f"{balance['step_efficiency_shuffled']:.3f} if a sampler shuffles them")
     lines.append(f"  {changes_text(counts.get('normalized') or {}, counts.get('turns_not_located', 0))}")
-    lines.append(f"  {context_text(manifest['config'].get('turn_context', 'exact'), counts)}")
+    lines.append(f"  {cut_text(counts, manifest['config']['max_len'])}")
+    config = manifest["config"]
+    lines.append(f"  {context_text(config.get('turn_context', 'exact'), counts, bool(config.get('shared_prefix')))}")
     return "\n".join(lines)
 
 

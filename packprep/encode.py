@@ -181,6 +181,7 @@ class PartResult:
     formats: Counter = field(default_factory=Counter)
     turns_not_located: int = 0
     context: Counter = field(default_factory=Counter)  # Ledger.context
+    cut: Counter = field(default_factory=Counter)  # Ledger.cut
     rejects: list[dict] = field(default_factory=list)
     failure: dict | None = None  # --on-error fail: the first bad record; nothing after it was read
     tokens: int = 0
@@ -211,7 +212,8 @@ def encode_part(context: EncodeContext, part: Part) -> PartResult:
             failure = {"file": exc.record.file, "index": exc.record.index, "line": exc.record.line,
                        "reason": exc.reason}
     return PartResult(records.lines, ledger.status, ledger.reasons, ledger.changes, seen,
-                      ledger.turns_not_located, ledger.context, ledger.entries, failure, tokens, encoder.backend_name, sink.finish())
+                      ledger.turns_not_located, ledger.context, ledger.cut, ledger.entries, failure, tokens,
+                      encoder.backend_name, sink.finish())
 
 
 def _normalized(context: EncodeContext, part: Part, records: Iterable[Record], ledger: "Ledger",
@@ -423,6 +425,7 @@ class _Merge:
         ledger.changes.update(result.changes)
         ledger.turns_not_located += result.turns_not_located
         ledger.context.update(result.context)
+        ledger.cut.update(result.cut)
         ledger.formats.setdefault(source, Counter()).update(result.formats)
         for entry in result.rejects:
             entry["index"] += index_base

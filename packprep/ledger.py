@@ -19,6 +19,9 @@ from .tokenization import Encoded
 # not hold as at inference, sequences beyond one a record and their tokens, and turns trained only as
 # the whole rendering writes them (turn_context rendered)
 CONTEXT_COUNTS = ("turns_rewritten", "extra_sequences", "repeated_tokens", "turns_out_of_context")
+# what --max-len cost the records: assistant turns it left without a trained token and the supervised
+# tokens it removed (plan.cut_cost), in sequences kept, cut, or left out with nothing to train
+CUT_COUNTS = ("turns_cut", "supervised_cut")
 
 
 class RecordFailure(Exception):
@@ -40,6 +43,7 @@ class Ledger:
         self.reasons: Counter = Counter()
         self.turns_not_located = 0
         self.context: Counter = Counter()  # CONTEXT_COUNTS: what training every turn in its context costs
+        self.cut: Counter = Counter()  # CUT_COUNTS: what --max-len cost
         self.changes: Counter = Counter()  # what normalize.py's transforms changed in the kept records
         self.formats: dict[int, Counter] = {}  # source number -> records of each format
         self.entries: list[dict] = []
@@ -84,6 +88,10 @@ class Ledger:
     def context_counts(self) -> dict[str, int]:
         """The manifest's and stats' counts of what the turn-context policy cost."""
         return {name: int(self.context.get(name, 0)) for name in CONTEXT_COUNTS}
+
+    def cut_counts(self) -> dict[str, int]:
+        """The manifest's and stats' counts of what --max-len cost."""
+        return {name: int(self.cut.get(name, 0)) for name in CUT_COUNTS}
 
     def formats_seen(self, number: int, fallback: str) -> str:
         """The format of input ``number``'s records, "sharegpt+openai" for a file that mixes them."""

@@ -22,8 +22,8 @@ from .ledger import Ledger
 from .fates import DROPPED, EMPTIED, TRUNCATED
 from .layout import IGNORE_INDEX, ROW_SCHEMA, tree_row_schema
 from .packing import index_dtype
-from .plan import overlong_fates
-from .prefix_tree import build_tree, truncate_tree
+from .plan import cut_cost, overlong_fates
+from .prefix_tree import build_trees, truncate_tree
 from .parts import Part
 
 RUNNING_BLOCK = 1 << 20  # values summed at a time into int64 (see _running_total)
@@ -228,18 +228,22 @@ def materialize(store: TokenStore, segments: Segments) -> pa.Table:
 
 class PackSink:
     """pack's encode sink, run in the workers: apply the ``--overlong`` rule to each encoded record,
-    in input order, and spill what stays to the part's token files."""
+    in input order, and spill what stays to the part's token files; what ``--max-len`` cost the
+    records is counted in the ledger (``plan.cut_cost``). ``pieces``: the planner cuts sequences
+    longer than ``max_len`` into pieces (``--overlong split`` with a strategy whose rows must fit)."""
 
-    def __init__(self, cache_dir, max_len: int, overlong: str, part: Part, shared_prefix: bool = False):
-        self.max_len, self.overlong, self.shared_prefix = max_len, overlong, shared_prefix
+    def __init__(self, cache_dir, max_len: int, overlong: str, part: Part, shared_prefix: bool = False,
+                 pieces: bool = False):
+        self.max_len, self.overlong, self.shared_prefix, self.pieces = max_len, overlong, shared_prefix, pieces
         self.spill = TokenSpill(cache_dir, part.number, shared_prefix)
 
     def _sequences(self, item) -> list:
-        """A record's sequences: as encoded, or (``shared_prefix``) its one prefix tree."""
+        """A record's sequences: as encoded, or (``shared_prefix``) its prefix trees, split at branch
+        points into trees that fit ``max_len`` where one does not (``prefix_tree.build_trees``)."""
         if not self.shared_prefix:
             return item.sequences
-        tree = build_tree(item.sequences)
-        return [(tree.input_ids, tree.labels, tree.position_ids, tree.descendants)]
+        return [(tree.input_ids, tree.labels, tree.position_ids, tree.descendants)
+                for tree in build_trees(item.sequences, self.max_len)]
 
     def take(self, batch, ledger: Ledger) -> int:
         kept = [(number, record, conversation, item) for number, record, conversation, item in batch
@@ -257,20 +261,29 @@ class PackSink:
                 reason = f"{longest} tokens, longer than --max-len {self.max_len} (--overlong drop)"
                 ledger.reject(record, number, reason, "overlong")
                 continue
-            mine = [m for m in mine if m[0] != EMPTIED]
-            if not mine:
+            self._count_cuts(mine, ledger)
+            whole = [m for m in mine if m[0] != EMPTIED]
+            if not whole:
                 reason = f"{longest} tokens; no supervised token is left after truncation to --max-len {self.max_len}"
                 ledger.reject(record, number, reason, "overlong")
                 continue
             ledger.keep(conversation, item)
-            for n, (fate, ids, labels, *tree) in enumerate(mine):
-                if fate == TRUNCATED:
+            if len(whole) < len(mine) or any(fate == TRUNCATED for fate, *_ in whole):
+                ledger.status[number] = TRUNCATED  # cut, or a sequence of it left out: not packed whole
+            for n, (fate, ids, labels, *tree) in enumerate(whole):
+                if fate == TRUNCATED:  # a tree is cut only where it is one sequence (build_trees)
                     ids, labels = ids[: self.max_len], labels[: self.max_len]
                     tree = truncate_tree(*tree, self.max_len) if tree else tree
-                    ledger.status[number] = TRUNCATED
                 self.spill.append(ids, labels, n > 0, *tree)
                 tokens += len(ids)
         return tokens
+
+    def _count_cuts(self, mine, ledger: Ledger) -> None:
+        """Count the turns and supervised tokens ``--max-len`` leaves untrained in a record's sequences."""
+        for fate, _, labels, *_ in mine:
+            if fate in (TRUNCATED, EMPTIED) or self.pieces:
+                turns, supervised = cut_cost(labels, self.max_len, pieces=fate not in (TRUNCATED, EMPTIED))
+                ledger.cut.update(turns_cut=turns, supervised_cut=supervised)
 
     def _fates(self, sequences) -> list[int]:
         """The ``--overlong`` fate of each sequence (plan.overlong_fates)."""

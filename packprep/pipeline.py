@@ -189,7 +189,9 @@ def _pack_into(folder: OutputFolder, encoding: Encoding, config: PackConfig, lay
         cache.mkdir()
         with ledger, Progress(progress, None, "read+tokenize", "conv") as bar:
             spills = []
-            sink = partial(PackSink, cache, config.max_len, config.overlong, shared_prefix=config.shared_prefix)
+            pieces = config.overlong == "split" and not STRATEGY_TABLE[config.strategy].rows_may_exceed_max_len
+            sink = partial(PackSink, cache, config.max_len, config.overlong, shared_prefix=config.shared_prefix,
+                           pieces=pieces)
             for result in encoding.run(engine, plan_parts(encoding.sources, engine), ledger, sink):
                 spills.append(result.payload)
                 bar.update(result.records, result.tokens)
@@ -367,6 +369,7 @@ def _manifest(config, described: dict, ledger, sequences: int, segments, shards,
             "top_rejections": top_reasons(ledger.reasons, ledger.examples, names_only=True),
             "turns_not_located": ledger.turns_not_located,
             **ledger.context_counts(),
+            **ledger.cut_counts(),
             "normalized": {name: ledger.changes.get(name, 0) for name in CHANGES},
         },
         "tokens": {"total": tokens, "supervised": supervised},

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .fates import DROPPED, EMPTIED, PACKED, TRUNCATED
+from .layout import IGNORE_INDEX
 from .packing import STRATEGY_TABLE, Bins, index_dtype, pack_lengths, pieces_to_bins, split_pieces
 
 OVERLONG = ("truncate", "drop", "split")
@@ -35,6 +36,34 @@ def overlong_fates(lengths, max_len: int, overlong: str, supervised_within=None)
         if supervised_within is not None:
             fates[over & (np.asarray(supervised_within, dtype=np.int64) <= 0)] = EMPTIED
     return fates
+
+
+def cut_cost(labels, max_len: int, pieces: bool = False) -> tuple[int, int]:
+    """(turns, supervised tokens) that ``--max-len`` leaves untrained in one sequence: truncation
+    (and a sequence left out because it kept nothing to train) loses the labels from ``max_len``
+    on; ``pieces`` (``--overlong split``) loses each piece's first label, at ``max_len``,
+    ``2 * max_len``, ... A turn is a run of trained labels (position 0 never counts: it is a packed
+    sequence's first label); it is lost once none of its labels is left."""
+    labels = np.asarray(labels)
+    if len(labels) <= max_len:
+        return 0, 0
+    trained = labels != IGNORE_INDEX
+    trained[0] = False
+    starts = np.flatnonzero(trained & ~np.concatenate([[False], trained[:-1]]))
+    if not pieces:
+        return int((starts >= max_len).sum()), int(trained[max_len:].sum())
+    ends = np.flatnonzero(trained & ~np.concatenate([trained[1:], [False]]))  # the last label of each run
+    alone = (starts == ends) & (starts % max_len == 0)  # a one-label turn at a piece's first label
+    return int(alone.sum()), int(trained[max_len::max_len].sum())
+
+
+def cut_text(counts: dict, max_len: int) -> str:
+    """One line for people (pack, stats, the dataset card): what ``--max-len`` cost the turns."""
+    turns, supervised = counts.get("turns_cut", 0), counts.get("supervised_cut", 0)
+    if not (turns or supervised):
+        return f"--max-len {max_len:,}: no assistant turn or supervised token cut"
+    return (f"--max-len {max_len:,}: {turns:,} assistant turns left without a trained token, "
+            f"{supervised:,} supervised tokens cut (turns_cut, supervised_cut)")
 
 
 def plan_bins(

@@ -103,6 +103,27 @@ def build_tree(sequences: Sequence[tuple[Sequence[int], Sequence[int]]]) -> Tree
     return _emit(root)
 
 
+def build_trees(sequences: Sequence[tuple[Sequence[int], Sequence[int]]], max_len: int) -> list[TreeRow]:
+    """The prefix trees of ``sequences`` in rows of at most ``max_len`` tokens: one tree where it fits;
+    else the tree split at branch points, each part holding consecutive sequences (conversation
+    order: they share the most) with their common prefix copied, as many as fit. A sequence longer
+    than ``max_len`` is a tree of its own, its flat sequence: only it is cut, as flat rows cut it."""
+    whole = build_tree(sequences)
+    if len(whole) <= max_len or len(sequences) < 2:
+        return [whole]
+    trees: list[TreeRow] = []
+    group: list = []
+    tree = whole
+    for sequence in sequences:
+        grown = build_tree([*group, sequence])
+        if group and len(grown) > max_len:
+            trees.append(tree)
+            group, grown = [], build_tree([sequence])
+        group.append(sequence)
+        tree = grown
+    return [*trees, tree]
+
+
 def _emit(root: _Node) -> TreeRow:
     ids, labels, positions, ends = [], [], [], []  # lists of arrays, in storage order
     size = 0

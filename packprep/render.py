@@ -200,8 +200,10 @@ class ChatTemplate:
         return text, prefix
 
 
-def context_text(turn_context: str, counts: dict) -> str:
-    """One line for people (pack, stats, the dataset card): what the turn-context policy cost."""
+def context_text(turn_context: str, counts: dict, shared_prefix: bool = False) -> str:
+    """One line for people (pack, stats, the dataset card): what the turn-context policy cost, true
+    of what was written: shared-prefix rows store no repeated context (each shared prefix once), and
+    where ``--max-len`` cut sequences (a manifest's counts) the repeated context is as tokenized."""
     extra, repeated = counts.get("extra_sequences", 0), counts.get("repeated_tokens", 0)
     out_of_context = counts.get("turns_out_of_context", 0)
     line = f"turn context {turn_context}: "
@@ -209,8 +211,11 @@ def context_text(turn_context: str, counts: dict) -> str:
         return line + f"{out_of_context:,} assistant turns trained as the whole conversation renders them, not as at inference"
     if turn_context == "intact" or not extra:
         return line + "one sequence a conversation"
-    return line + (f"{extra:,} more sequences, to train every turn in its inference context "
-                   f"({repeated:,} tokens of repeated context)")
+    line += f"{extra:,} more sequences, to train every turn in its inference context"
+    if shared_prefix:
+        return line + ", written as prefix trees that store each shared prefix once"
+    cut = counts.get("truncated", 0) or counts.get("supervised_cut", 0)
+    return line + f" ({repeated:,} tokens of repeated context{' as tokenized, before --max-len cut' if cut else ''})"
 
 
 def _common_prefix(a: str, b: str) -> int:

@@ -31,10 +31,11 @@ import numpy as np
 from .errors import ConfigError, InputError, spell
 from .fates import DROPPED, EMPTIED, PACKED, REJECTED, TRUNCATED, UNSAMPLED
 from .layout import IGNORE_INDEX, TREE_COLUMN, ShardReader, list_column
-from .ledger import Ledger
+from .ledger import CUT_COUNTS, Ledger
 from .materialize import Spilled, TokenStore, spill_path
 from .mix import MixSource, Mixture, Selection
-from .plan import overlong_fates
+from .packing import STRATEGY_TABLE
+from .plan import cut_cost, overlong_fates
 
 TOKEN_COLUMNS = ("ids", "labels")  # the token store's two files (materialize.spill_path)
 
@@ -79,7 +80,8 @@ class StoredShards:
     """The folder's shards (train then validation, in manifest order) as the tasks of both passes
     read them: a task is ``(shard, first row group, end row group, unit of the first)``, a unit being
     a row group's number over all shards. ``max_len``: pass 1 counts the supervised tokens within it
-    of the sequences longer (``--overlong truncate`` only; None: it does not)."""
+    of the sequences longer, and what the cut costs them (``--overlong truncate``, or ``split``:
+    ``pieces``; None: it does not)."""
 
     folder: Path
     layout: str | None
@@ -87,6 +89,7 @@ class StoredShards:
     groups: list[int]  # row groups of each shard
     train: int  # the shards of the train split: the first ones
     max_len: int | None
+    pieces: bool = False
 
     @classmethod
     def open(cls, folder: Path, manifest: dict, config) -> "StoredShards":
@@ -94,7 +97,7 @@ class StoredShards:
         paths = [s["path"] for s in manifest["shards"]] + [s["path"] for s in validation]
         groups = [ShardReader(folder / path, manifest.get("layout")).num_groups for path in paths]
         return cls(folder, manifest.get("layout"), paths, groups, len(manifest["shards"]),
-                   config.max_len if config.overlong == "truncate" else None)
+                   config.max_len if config.overlong != "drop" else None, config.overlong == "split")
 
     def units(self, shard: int) -> int:
         """The unit of the shard's first row group."""
@@ -133,17 +136,21 @@ def flat_positions(path: Path, positions: np.ndarray, start: int, length: int) -
                          "damaged one), so repack cannot repack it as a flat sequence; run packprep verify on the folder")
 
 
+STORED_COLUMNS = ("records", "lengths", "unit", "first", "within", "turns_cut", "supervised_cut")
+
+
 def read_lengths(shards: StoredShards, task: tuple[int, int, int, int]) -> dict[str, np.ndarray]:
     """Pass 1, one task's row groups: each stored sequence's record, length, unit, first token within
     its unit's row group and, where longer than ``shards.max_len``, its supervised tokens within it
-    (position 0 not counted; 1 elsewhere)."""
+    (position 0 not counted; 1 elsewhere) and the turns and supervised tokens the cut costs it (plan.cut_cost)."""
     shard, first, end, unit = task
-    reader, found = shards.reader(shard), {name: [] for name in ("records", "lengths", "unit", "first", "within")}
+    reader, found = shards.reader(shard), {name: [] for name in STORED_COLUMNS}
     tables = reader.tables(["seq_lens", "source_index"], threads=False, groups=range(first, end))
     for number, table in enumerate(tables):
         lengths = list_column(table, "seq_lens")[0].astype(np.int64)
         starts = np.cumsum(lengths) - lengths
         within = np.ones(len(lengths), np.int32)
+        cut = np.zeros((2, len(lengths)), np.int64)
         over = np.flatnonzero(lengths > shards.max_len) if shards.max_len is not None else []
         if len(over):  # the labels of this row group, for the sequences truncation cuts
             group = first + number
@@ -151,11 +158,14 @@ def read_lengths(shards: StoredShards, task: tuple[int, int, int, int]) -> dict[
             for item in over.tolist():
                 start = int(starts[item])
                 within[item] = int((labels[start + 1 : start + shards.max_len] != IGNORE_INDEX).sum())
+                cut[:, item] = cut_cost(labels[start : start + lengths[item]], shards.max_len, shards.pieces)
         found["records"].append(list_column(table, "source_index")[0].astype(np.int64))
         found["lengths"].append(lengths)
         found["unit"].append(np.full(len(lengths), unit + number, np.int64))
         found["first"].append(starts)
         found["within"].append(within)
+        found["turns_cut"].append(cut[0])
+        found["supervised_cut"].append(cut[1])
     return {name: np.concatenate(parts) if parts else np.zeros(0, np.int64) for name, parts in found.items()}
 
 
@@ -173,19 +183,20 @@ class Stored:
     within: np.ndarray  # int32
     copies: np.ndarray  # int64
     held: np.ndarray  # bool
+    cut: np.ndarray  # int64 (2, records): turns and supervised tokens cutting it to the new max_len costs
 
     @classmethod
     def join(cls, shards: StoredShards, found) -> "Stored":
         """The records of pass 1's results (``found``, in task order: the shards' order)."""
         found = list(found)
         flat = {name: np.concatenate([f[name] for f in found]) if found else np.zeros(0, np.int64)
-                for name in ("records", "lengths", "unit", "first", "within")}
+                for name in STORED_COLUMNS}
         in_train = flat["unit"] < shards.units(shards.train)
         records, first = np.unique(flat["records"], return_index=True)
         copies = np.bincount(np.searchsorted(records, flat["records"][in_train]), minlength=len(records))
         held = np.isin(records, flat["records"][~in_train])
         return cls(records, flat["lengths"][first], flat["unit"][first], flat["first"][first],
-                   flat["within"][first], copies, held)
+                   flat["within"][first], copies, held, np.stack([flat["turns_cut"][first], flat["supervised_cut"][first]]))
 
     def fates(self, config) -> np.ndarray:
         """What ``--overlong`` does to each stored sequence at the new ``max_len`` (plan.overlong_fates)."""
@@ -339,6 +350,10 @@ def rebuild_ledger(tmp: Path, folder: Path, old: dict, config, stored: Stored, f
         ledger.examples.setdefault(entry["code"], entry)
     ledger.changes = Counter(old["counts"].get("normalized") or {})
     ledger.turns_not_located = old["counts"].get("turns_not_located", 0)
+    pieces = config.overlong == "split" and not STRATEGY_TABLE[config.strategy].rows_may_exceed_max_len
+    cut = (fates == TRUNCATED) | (fates == EMPTIED) | ((fates == PACKED) & pieces)  # what this max_len cuts
+    ledger.cut = Counter({name: old["counts"].get(name, 0) + int(stored.cut[n][cut].sum())
+                          for n, name in enumerate(CUT_COUNTS)})
     if entries:
         with open(tmp / "rejects.jsonl", "w", encoding="utf-8") as handle:
             handle.writelines(json.dumps(entry, ensure_ascii=False) + "\n" for entry in entries)

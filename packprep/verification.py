@@ -16,7 +16,8 @@ Checks (each failure names the shard, the row and the check):
 * ``max_len``      no row is longer than max_len (unless the strategy allows it)
 * ``source_index`` every index is a record of the input
 * ``coverage``     every input record is packed or listed in rejects.jsonl, never both
-* ``counts``       the manifest's counts add up to the records read, and match rows, sequences, tokens and rejects
+* ``counts``       the manifest's counts add up to the records read, and match rows, sequences, tokens and rejects;
+                   the turns and supervised tokens --max-len cut are possible (turns_cut, supervised_cut)
 * ``split``        (with a validation split) the validation shards hold exactly the records the manifest
                    lists as held out, and no record is in both splits
 * ``retokenize``   (``retokenize=N``) N random sequences equal their input records rendered and tokenized
@@ -539,6 +540,20 @@ def _check_coverage(folder: Path, manifest: dict, seen: np.ndarray, report: Repo
         report.failures.append(Failure("coverage", f"record {int(both[0])} is both packed and rejected"))
 
 
+def _check_cuts(manifest: dict, report: Report) -> None:
+    """What --max-len cut (turns_cut, supervised_cut) is possible: a turn cut loses at least one
+    supervised token, and only records truncated, split or rejected as overlong lose any."""
+    counts = manifest["counts"]
+    turns, supervised = counts.get("turns_cut", 0), counts.get("supervised_cut", 0)
+    if turns > supervised:
+        report.failures.append(Failure("counts", f"turns_cut {turns} is more than supervised_cut {supervised}: "
+                                       "each turn cut loses at least one supervised token"))
+    cut_records = counts["truncated"] + counts["split"] + counts["rejected_by_reason"].get("overlong", 0)
+    if supervised and (not cut_records or manifest["config"].get("overlong") == "drop"):
+        report.failures.append(Failure("counts", f"supervised_cut is {supervised}, but no record was truncated or "
+                                       f"split (--overlong {manifest['config'].get('overlong')})"))
+
+
 def _check_counts(manifest: dict, report: Report, supervised: int | None) -> None:
     """The manifest's counts add up; ``supervised`` None: a shard was unreadable, skip shard totals."""
     counts = manifest["counts"]
@@ -548,6 +563,7 @@ def _check_counts(manifest: dict, report: Report, supervised: int | None) -> Non
                                        f"records = {counts['records']}"))
     if sum(counts["rejected_by_reason"].values()) != counts["rejected"]:
         report.failures.append(Failure("counts", "rejected_by_reason does not add up to rejected"))
+    _check_cuts(manifest, report)
     if supervised is None:
         return
     if report.rows != manifest["rows"]:

@@ -13,6 +13,9 @@ the caller spells them: packed from Python here, the fixtures' rejects.jsonl, ma
 rejects.jsonl, manifest and card quote the unknown role's list and the schema's complaint without
 cutting them, and the manifest names a fourth reason; no shard changed. And when the plain loop's
 recipe came to load ``MODEL`` (runnable on the page, not ``...``): the packprep layout's cards only.
+And when the manifest and card came to count the assistant turns and supervised tokens
+``--max-len`` cuts (``turns_cut``, ``supervised_cut``, and a record that loses a sequence to truncation
+counted truncated): no shard or rejects.jsonl changed.
 
 Paths of the inputs and the output are replaced by placeholders before hashing. To re-capture after
 an intended change of output: ``PYTHONPATH=. python tests/test_output_bytes.py --write``.

@@ -8,7 +8,7 @@ import pytest
 import packprep
 from packprep.errors import ConfigError
 from packprep.packing import STRATEGIES, STRATEGY_TABLE, Bins, Strategy, pack_lengths
-from packprep.plan import DROPPED, EMPTIED, TRUNCATED, WHOLE, overlong_fates, plan_bins
+from packprep.plan import DROPPED, EMPTIED, TRUNCATED, WHOLE, cut_cost, overlong_fates, plan_bins
 from packprep.settings import check_strategy
 from packprep.length_stats import what_if
 from packprep.verification import verify
@@ -93,3 +93,17 @@ def test_a_strategy_is_one_table_entry(monkeypatch, tmp_path):
     assert row["rows"] == manifest["rows"] == manifest["sequences"]
     assert row["tokens"] == manifest["tokens"]["total"]
     assert what_if([3, 4], None, [8], ["reversed"])[0]["rows"] == 2
+
+
+def test_cut_cost_counts_the_turns_and_tokens_max_len_leaves_untrained():
+    """A turn is a run of trained labels; position 0 never counts (a packed sequence's first label)."""
+    I = -100
+    labels = [9, I, I, 3, 4, I, I, 7, I, 8, 8, 8]  # turns at 3-4, 7, 9-11 (the 9 at position 0 is never trained)
+    assert cut_cost(labels, 12) == (0, 0)  # it fits
+    assert cut_cost(labels, 8) == (1, 3)  # truncated to 8: the turn at 9-11 is lost, 7 kept
+    assert cut_cost(labels, 4) == (2, 5)  # 4 of the first turn is cut, the turn keeps 3
+    assert cut_cost(labels, 7) == (2, 4)  # the turn at 7 is lost with its one token
+    assert cut_cost([I] * 12, 4) == (0, 0)
+    # --overlong split: each piece's first label becomes -100; only a one-token turn there is lost
+    assert cut_cost(labels, 7, pieces=True) == (1, 1)  # the turn at 7
+    assert cut_cost(labels, 3, pieces=True) == (0, 2)  # labels at 3 and 9: their turns keep 4 and 10-11

@@ -15,7 +15,7 @@ import pytest
 
 from packprep.layout import IGNORE_INDEX
 from packprep.normalize import FieldNames, detect_format, normalize
-from packprep.prefix_tree import TreeRow, bound, build_tree, check_tree, locate, paths
+from packprep.prefix_tree import TreeRow, bound, build_tree, build_trees, check_tree, locate, paths
 from packprep.template_fit import fit_to_template
 from packprep.tokenization import ChatEncoder, load_tokenizer
 
@@ -57,6 +57,25 @@ def test_tree_merges_labels_and_roots():
     assert tree.descendants.tolist() == [4, 1, 0, 1, 0, 1, 0]
     assert check_tree(tree) is None
     assert len(build_tree([([1, 2], [I, 2]), ([1, 2], [I, 2])])) == 2  # the same sequence twice: once
+
+
+def test_tree_longer_than_max_len_is_split_at_branch_points():
+    # 12 tokens do not fit 9: the first sequence alone, then the two that share [1, 2, 3, 6, 7], each
+    # tree with the prefix its branches need; every trained token kept, every tree checked
+    first, rest = build_trees(SEQUENCES, 9)
+    assert first.input_ids.tolist() == [1, 2, 3, 4, 5] and first.labels.tolist() == [I, I, I, 4, 5]
+    assert rest.input_ids.tolist() == [1, 2, 3, 6, 7, 8, 9, 7, 10]
+    assert rest.labels.tolist() == [I, I, I, I, I, 8, 9, I, 10]
+    assert rest.position_ids.tolist() == [0, 1, 2, 3, 4, 5, 6, 4, 5]
+    assert rest.descendants.tolist() == [8, 7, 6, 5, 2, 1, 0, 1, 0]  # 7, 8, 9; its copy is a sibling
+    assert all(check_tree(t) is None for t in (first, rest))
+    assert [(i.tolist(), l.tolist()) for t in (first, rest) for i, l in paths(t)] == [
+        (list(i), list(l)) for i, l in SEQUENCES]
+    assert [len(t) for t in build_trees(SEQUENCES, 12)] == [12]  # it fits: one tree
+    # a sequence longer than max_len is a tree of its own, its flat sequence: only it is cut (as flat rows cut it)
+    trees = build_trees(SEQUENCES, 6)
+    assert [t.input_ids.tolist() for t in trees] == [list(ids) for ids, _ in SEQUENCES]
+    assert [t.labels.tolist() for t in trees] == [list(labels) for _, labels in SEQUENCES]
 
 
 @pytest.mark.parametrize("broken, why", [
@@ -297,6 +316,34 @@ def test_pack_writes_each_record_as_its_tree(packed):
             trained = np.flatnonzero(piece["labels"] != I)
             assert tree.labels[at[trained]].tolist() == piece["labels"][trained].tolist()
         assert int((tree.labels != I).sum()) == sum(int((p["labels"] != I).sum()) for p in flat_rows[source])
+
+
+@needs_fixtures
+def test_trees_longer_than_max_len_lose_no_turn(template_folder, tmp_path):
+    """At --max-len 100, the first record's tree (112 tokens; its sequences 40, 53 and 75) is split
+    into trees that fit, at branch points: nothing of it is cut. The second record's sequences
+    (200, 217) are each longer, their turns past 100: left out as flat rows leave them, counted the same."""
+    import packprep
+
+    data = tmp_path / "records.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in RECORDS), encoding="utf-8")
+    folder = template_folder("qwen3")
+    manifests = {name: packprep.pack([str(data)], str(tmp_path / name), tokenizer=folder, max_len=100, num_proc=1,
+                                     **extra) for name, extra in (("flat", {}), ("tree", {"shared_prefix": True}))}
+    flat, tree = manifests["flat"], manifests["tree"]
+    assert tree["tokens"]["supervised"] == flat["tokens"]["supervised"]
+    cut = ("packed", "rejected", "turns_cut", "supervised_cut")
+    assert [tree["counts"][k] for k in cut] == [flat["counts"][k] for k in cut] == [1, 1, 3, 65]
+    assert packprep.verify(str(tmp_path / "tree")).ok
+    flat_rows, tree_rows = _by_record(tmp_path / "flat"), _by_record(tmp_path / "tree")
+    trees = [TreeRow(p["input_ids"], p["labels"], p["position_ids"], p["tree_descendants"]) for p in tree_rows[0]]
+    assert len(trees) == 2 and all(len(t) <= 100 and check_tree(t) is None for t in trees)
+    held = sorted(tuple(ids.tolist()) for t in trees for ids, _ in paths(t))
+    assert held == sorted(tuple(p["input_ids"].tolist()) for p in flat_rows[0])
+    # the cards say what was written: trees store no repeated context; flat rows' was cut by --max-len
+    tree_card, flat_card = ((tmp_path / name / "README.md").read_text() for name in ("tree", "flat"))
+    assert "prefix trees that store each shared prefix once" in tree_card and "repeated context" not in tree_card
+    assert "tokens of repeated context as tokenized, before --max-len cut" in flat_card
 
 
 @needs_fixtures

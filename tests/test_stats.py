@@ -23,7 +23,7 @@ from packprep.length_stats import (
     what_if,
 )
 
-from .conftest import CONVERSATIONS, EXAMPLE_CHATS, EXAMPLE_TOKENIZER, fixture_tokenizer, needs_fixtures
+from .conftest import CONVERSATIONS, EXAMPLE_CHATS, EXAMPLE_TOKENIZER, fixture_tokenizer, needs_fixtures, slow_but
 
 TOKENIZER = str(EXAMPLE_TOKENIZER)
 
@@ -219,6 +219,59 @@ def test_stats_equals_pack_on_fixture_data_with_llama3(tmp_path):
         )
         assert plan["overlong_samples"] == manifest["counts"]["truncated"] + plan["rejected"]
     assert widest(render_text(report)) <= 80
+
+
+def _medical_slice(tmp_path) -> Path:
+    """30 medicalgpt conversations of 4 to 8 messages and 800 to 4,000 characters: some longer than
+    512 tokens, none the hundreds of exact sequences of the longest ones."""
+    lines = (CONVERSATIONS / "medicalgpt_sharegpt_zh_1K_format.jsonl").read_text(encoding="utf-8").splitlines()
+    chosen = [line for line in lines if 4 <= len(json.loads(line)["conversations"]) <= 8 and 800 <= len(line) <= 4000]
+    data = tmp_path / "medical.jsonl"
+    data.write_text("\n".join(chosen[:30]) + "\n", encoding="utf-8")
+    return data
+
+
+@needs_fixtures
+def test_every_turn_max_len_cuts_is_counted_where_stats_predicts(tmp_path, template_folder):
+    """Qwen3 trains each medical turn in a sequence of its own (--turn-context exact); at --max-len 512
+    some keep no trained token and are left out, others lose their tail. The turns and supervised
+    tokens cut are in the summary, the manifest, the card, stats on the folder, and are what stats
+    on the inputs predicts; the supervised tokens written and cut add up to those encoded."""
+    data, folder = _medical_slice(tmp_path), template_folder("qwen3")
+    args = [str(data), "--tokenizer", folder, "--max-len", "512", "--turn-context", "exact"]
+    report = stats(str(data), folder, max_lens=(512,), strategies=("greedy",), num_proc=1, turn_context="exact")
+    (plan,) = report["what_if"]["rows"]
+    result = CliRunner().invoke(main, ["pack", *args, "-o", str(tmp_path / "out"), "-q"])
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((tmp_path / "out" / "packprep.json").read_text())
+    counts = manifest["counts"]
+    turns, cut = counts["turns_cut"], counts["supervised_cut"]
+    assert (plan["turns_cut"], plan["supervised_cut"]) == (turns, cut) and turns > 0 and cut > turns
+    assert manifest["tokens"]["supervised"] + cut == report["tokens"]["supervised"] == plan["supervised_tokens"] + cut
+    line = f"--max-len 512: {turns:,} assistant turns left without a trained token, {cut:,} supervised tokens cut"
+    assert line in result.output and line in (tmp_path / "out" / "README.md").read_text()
+    assert line in " ".join(render_text(stats_folder(tmp_path / "out")).split())
+    assert packprep.verify(str(tmp_path / "out")).ok
+
+
+@needs_fixtures
+@pytest.mark.parametrize("overlong", slow_but({"split"}, ["truncate", "split", "drop"]))
+def test_stats_predicts_what_each_overlong_policy_cuts(tmp_path, overlong):
+    """Llama 3 renders the medical conversations as one sequence each: truncation cuts the turns past
+    --max-len, split the first label of each piece, drop nothing (it rejects the record, counted)."""
+    data, tokenizer = _medical_slice(tmp_path), fixture_tokenizer("llama3")
+    report = stats(str(data), tokenizer, max_lens=(512,), strategies=("greedy",), num_proc=1, overlong=overlong)
+    (plan,) = report["what_if"]["rows"]
+    manifest = packprep.pack(str(data), str(tmp_path / "out"), tokenizer, num_proc=1, max_len=512, overlong=overlong)
+    counts = manifest["counts"]
+    assert (plan["turns_cut"], plan["supervised_cut"]) == (counts["turns_cut"], counts["supervised_cut"])
+    if overlong == "drop":
+        assert counts["supervised_cut"] == 0 and counts["rejected_by_reason"]["overlong"] > 0
+    else:
+        assert counts["supervised_cut"] > 0
+        assert manifest["tokens"]["supervised"] + counts["supervised_cut"] == report["tokens"]["supervised"]
+    assert counts["turns_cut"] > 0 if overlong == "truncate" else True
+    assert packprep.verify(str(tmp_path / "out")).ok
 
 
 # ---------------------------------------------------------------------------------------------

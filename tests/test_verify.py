@@ -288,6 +288,24 @@ def test_rewrite_without_corruption_still_passes(packed, tmp_path):
     assert report.ok, report.failures
 
 
+@pytest.mark.parametrize("change, why", [
+    ({"turns_cut": 2, "supervised_cut": 1}, "each turn cut loses at least one supervised token"),
+    ({"turns_cut": 1, "supervised_cut": 5, "truncated": 0}, "no record was truncated or split"),
+])
+def test_cut_counts_that_cannot_be_fail(packed, tmp_path, change, why):
+    """The turns and supervised tokens --max-len cut are possible: a turn cut loses a token, and only
+    records that were cut lose any."""
+    folder = tmp_path / "copy"
+    shutil.copytree(packed, folder)
+    manifest = load_manifest(folder)
+    counts = manifest["counts"]
+    counts["packed"] += counts["truncated"] - change.get("truncated", counts["truncated"])  # the fates still add up
+    counts.update(change)
+    save_manifest(folder, manifest)
+    report = verify(folder)
+    assert [f.check for f in report.failures] == ["counts"] and why in report.failures[0].message, report.failures
+
+
 @pytest.mark.parametrize("check", CHECKS)
 def test_each_check_names_its_corruption(packed, tmp_path, check):
     folder = tmp_path / "copy"

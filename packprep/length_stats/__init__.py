@@ -120,7 +120,7 @@ def stats(
                 dp_size=dp_size, rows_per_step=rows_per_step, cost=cost)
     if mixture is None:
         mixed, table = None, what_if(lengths, supervised, max_lens, strategies, supervised_within=collected.within,
-                                     split_masked=collected.masked, **plan)
+                                     split_masked=collected.masked, turns_cut=collected.turns_cut, **plan)
     else:  # the training split the mixture makes at each max_len
         mixed, table = mixture_what_if(mixture, collected, tally, sources, list(max_lens), list(strategies), **plan)
     rejected = sum(tally.reasons.values())

@@ -21,6 +21,7 @@ from ..errors import ConfigError, InputError
 from ..pipeline import plan_parts
 from ..progress import Progress
 from ..layout import IGNORE_INDEX
+from ..plan import cut_cost
 from ..prefix_tree import bound, build_tree
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -38,6 +39,7 @@ class InputLengths:
     masked: dict[int, np.ndarray]  # per max_len L: trained labels at L, 2L, ... (first labels of pieces)
     sequences: np.ndarray  # sequences of each accepted conversation (turn_context exact: one a trained turn)
     shared: np.ndarray = field(default_factory=lambda: np.zeros(2, np.int64))  # (tokens, bound) as shared-prefix rows
+    turns_cut: dict[int, np.ndarray] = field(default_factory=dict)  # per max_len L: turns --overlong leaves untrained
 
 
 def collect_inputs(encoding: Encoding, ledger: Ledger, max_lens: list[int], engine: "Engine",
@@ -46,7 +48,7 @@ def collect_inputs(encoding: Encoding, ledger: Ledger, max_lens: list[int], engi
     (``label``: the progress bar's, which says what this pass is for where there are several)."""
     parts: list[InputLengths] = []
     with Progress(progress, None, label, "conv") as bar:
-        sink = partial(LengthSink, tuple(max_lens))
+        sink = partial(LengthSink, tuple(max_lens), encoding.config.overlong == "split")
         for result in encoding.run(engine, plan_parts(encoding.sources, engine), ledger, sink):
             parts.append(result.payload)
             bar.update(result.records, result.tokens)
@@ -54,20 +56,22 @@ def collect_inputs(encoding: Encoding, ledger: Ledger, max_lens: list[int], engi
     return InputLengths(join([p.lengths for p in parts]), join([p.supervised for p in parts]),
                         join([p.turns for p in parts]), {m: join([p.within[m] for p in parts]) for m in max_lens},
                         {m: join([p.masked[m] for p in parts]) for m in max_lens}, join([p.sequences for p in parts]),
-                        sum((p.shared for p in parts), np.zeros(2, np.int64)))
+                        sum((p.shared for p in parts), np.zeros(2, np.int64)),
+                        {m: join([p.turns_cut[m] for p in parts]) for m in max_lens})
 
 
 class LengthSink:
     """stats' encode sink, run in the workers: a part's lengths and label counts, no tokens."""
 
-    def __init__(self, max_lens: tuple[int, ...], part=None):
-        self.max_lens = max_lens
+    def __init__(self, max_lens: tuple[int, ...], pieces: bool = False, part=None):
+        self.max_lens, self.pieces = max_lens, pieces  # pieces: --overlong split (plan.cut_cost)
         self.lengths: list[int] = []
         self.supervised: list[int] = []
         self.turns: list[int] = []
         self.sequences: list[int] = []
         self.within: dict[int, list[int]] = {m: [] for m in max_lens}
         self.masked: dict[int, list[int]] = {m: [] for m in max_lens}
+        self.turns_cut: dict[int, list[int]] = {m: [] for m in max_lens}
         self.shared = np.zeros(2, np.int64)  # tokens and bound of these records as shared-prefix rows
 
     def take(self, batch, ledger: Ledger) -> int:
@@ -95,13 +99,15 @@ class LengthSink:
                     self.within[m].append(value)
                     # trained labels at L, 2L, ...: the first labels of its pieces under split
                     self.masked[m].append(int(trained[m::m].sum()) if n > m else 0)
+                    self.turns_cut[m].append(cut_cost(labels, m, self.pieces)[0])
         return tokens
 
     def finish(self) -> InputLengths:
         as_array = lambda values: np.asarray(values, dtype=np.int64)  # noqa: E731
         return InputLengths(as_array(self.lengths), as_array(self.supervised), as_array(self.turns),
                             {m: as_array(v) for m, v in self.within.items()},
-                            {m: as_array(v) for m, v in self.masked.items()}, as_array(self.sequences), self.shared)
+                            {m: as_array(v) for m, v in self.masked.items()}, as_array(self.sequences), self.shared,
+                            {m: as_array(v) for m, v in self.turns_cut.items()})
 
 
 def turn_context_costs(encoding: Encoding, ledger: Ledger, collected: InputLengths, engine: "Engine",

@@ -7,6 +7,7 @@ import textwrap
 from pathlib import Path
 
 from ..normalize import changes_text
+from ..plan import cut_text
 from ..render import context_text
 from ..packing import STRATEGY_TABLE
 
@@ -113,10 +114,15 @@ def _what_if_lines(plan: dict) -> list[str]:
                 "choosing, and revisit the learning rate", indent="    "
             ))
     if rejected:
-        notes.append(
-            "  left with no trained token after truncation (rejected): "
-            + ", ".join(f"{_n(n)} at {_n(m)}" for m, n in rejected.items())
-        )
+        notes.extend(_wrap(
+            ("  sequences longer than max_len, their records rejected (--overlong drop): " if plan["overlong"] == "drop"
+             else "  sequences left with no trained token after truncation (left out): ")
+            + ", ".join(f"{_n(n)} at {_n(m)}" for m, n in rejected.items()), indent="    "))
+    cut = {r["max_len"]: r for r in rows if r.get("turns_cut") or r.get("supervised_cut")}
+    if cut:  # what pack's manifest counts as turns_cut and supervised_cut
+        notes.extend(_wrap("  cut by --max-len (turns left without a trained token; supervised tokens): " + "; ".join(
+            f"{_n(m)}: {_n(r['turns_cut'])} turns, {_n(r['supervised_cut'])} tokens" for m, r in cut.items()),
+            indent="    "))
     return lines + notes
 
 
@@ -241,7 +247,8 @@ def _render_folder(report: dict) -> str:
             + (f", unsampled {_n(counts['unsampled'])} (left out by the mixture)" if counts.get("unsampled") else "")
         ))
         lines.extend(_wrap(changes_text(counts.get("normalized") or {}, counts.get("turns_not_located", 0))))
-        lines.extend(_wrap(context_text(config.get("turn_context", "exact"), counts)))
+        lines.extend(_wrap(cut_text(counts, config["max_len"])))
+        lines.extend(_wrap(context_text(config.get("turn_context", "exact"), counts, bool(config.get("shared_prefix")))))
     supervised = report["tokens"]["supervised"]
     validation = report.get("validation")
     lines.append(

@@ -31,6 +31,7 @@ def what_if(
     *,
     supervised_within: Mapping[int, np.ndarray] | None = None,
     split_masked: Mapping[int, np.ndarray] | None = None,
+    turns_cut: Mapping[int, np.ndarray] | None = None,
     overlong: str = "truncate",
     seed: int = 0,
     samples_per_row: int | None = None,
@@ -54,6 +55,10 @@ def what_if(
         split_masked: for a max_len ``L``, the supervised tokens of each sample at positions
             ``L, 2L, ...``: the first labels of its pieces under ``--overlong split``, which
             become -100. With it, ``supervised_tokens`` is exact under split.
+        turns_cut: for a max_len ``L``, the turns of each sample that ``--overlong`` leaves
+            without a trained token (:func:`packprep.plan.cut_cost`). With it (and
+            ``supervised_within`` or ``split_masked``), each row has ``turns_cut`` and
+            ``supervised_cut``: what ``pack`` counts in its manifest.
         overlong: ``truncate``, ``drop`` or ``split``, as ``pack --overlong``.
         seed, samples_per_row, partition_size: as ``pack`` (``random`` and ``minibatch`` use the
             first two; ``partition_size`` packs each run of that many samples on its own).
@@ -78,7 +83,7 @@ def what_if(
     cost = cost or model_cost()
     table = []
     for max_len in max_lens:
-        fit = _fit(lengths, supervised, max_len, overlong, supervised_within, split_masked)
+        fit = _fit(lengths, supervised, max_len, overlong, supervised_within, split_masked, turns_cut)
         for strategy in strategies:
             bins, entry, row_lengths = _plan(fit.lens, max_len, strategy, seed, samples_per_row, partition_size,
                                              split=overlong == "split")
@@ -117,9 +122,10 @@ class _Fit:
     tokens: int
     pieces: np.ndarray | None  # the pieces' lengths under split, if any sample is over
     pad_attention: int
+    cut: tuple[int, int] | None  # turns and supervised tokens --overlong leaves untrained (truncate, split)
 
 
-def _fit(lengths, supervised, max_len, overlong, supervised_within, split_masked) -> _Fit:
+def _fit(lengths, supervised, max_len, overlong, supervised_within, split_masked, turns_cut=None) -> _Fit:
     over = lengths > max_len
     n_over = int(over.sum())
     if supervised_within is not None and max_len in supervised_within:
@@ -140,8 +146,12 @@ def _fit(lengths, supervised, max_len, overlong, supervised_within, split_masked
     if overlong == "split" and n_over:
         _, _, pieces = split_pieces(lens, max_len)
     pad_attention = int(np.square(pieces if pieces is not None else lens, dtype=np.int64).sum())
+    cut = None
+    if turns_cut is not None and max_len in turns_cut:  # drop cuts nothing: it rejects
+        cut = (0, 0) if overlong == "drop" else (int(np.asarray(turns_cut[max_len], dtype=np.int64).sum()),
+                                                 masked if overlong == "split" else int((supervised - within).sum()))
     return _Fit(lens, n_over, lost, sup, masked, split_exact, int((~keep).sum()), int(lens.sum()), pieces,
-                pad_attention)
+                pad_attention, cut)
 
 
 def _row(fit: _Fit, max_len: int, strategy: str, entry, row_lengths, global_batch_size: int, epochs: int) -> dict:
@@ -156,6 +166,10 @@ def _row(fit: _Fit, max_len: int, strategy: str, entry, row_lengths, global_batc
     ):
         exact = False  # the strategy cut samples at places only the labels know
     attention = int(np.square(entry).sum())
+    cut = {}
+    if fit.cut is not None:  # split: pieces only where rows must fit
+        whole = fit.pieces is not None and STRATEGY_TABLE[strategy].rows_may_exceed_max_len
+        cut = dict(zip(("turns_cut", "supervised_cut"), (0, 0) if whole else fit.cut))
     return {
         "max_len": max_len,
         "strategy": strategy,
@@ -173,6 +187,7 @@ def _row(fit: _Fit, max_len: int, strategy: str, entry, row_lengths, global_batc
         "optimizer_steps": -(-rows // global_batch_size) * epochs,
         "attention_cost": attention,
         "attention_vs_pad": round(attention / fit.pad_attention, 4) if fit.pad_attention else 0.0,
+        **cut,
     }
 
 
