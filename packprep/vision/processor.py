@@ -150,5 +150,13 @@ def describe(processor) -> dict[str, Any]:
     image = processor.image_processor
     keys = ("min_pixels", "max_pixels", "patch_size", "merge_size", "size", "max_image_size",
             "do_image_splitting", "do_pan_and_scan", "image_seq_length")
+    found = {k: getattr(image, k, None) for k in keys}
     return {"processor": type(processor).__name__, "image_processor": type(image).__name__,
-            **{k: v for k in keys if (v := getattr(image, k, None)) is not None and not callable(v)}}
+            **{k: _plain(v) for k, v in found.items() if v is not None and not callable(v)}}
+
+
+def _plain(value: Any) -> Any:
+    """A setting as JSON holds it (transformers' SizeDict: its fields that are set)."""
+    if hasattr(value, "__dataclass_fields__"):
+        return {k: v for k, v in vars(value).items() if v is not None}
+    return json.loads(json.dumps(value, default=str))
