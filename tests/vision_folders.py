@@ -127,3 +127,51 @@ def draw_image(path: str | Path, size: tuple[int, int], seed: int = 0, fmt: str 
     path.parent.mkdir(parents=True, exist_ok=True)
     image.save(path, format=fmt)
     return path
+
+
+# ---- a fixture set: real conversations of the fixtures, with drawn images, in every shape read ------
+
+SIZES = [(640, 480), (300, 200), (64, 900), (1024, 768), (200, 200), (900, 120)]
+
+
+def conversation_set(dest: str | Path, count: int = 12) -> tuple[Path, list[tuple[list, list[Path]]]]:
+    """``dest/conversations.jsonl`` and ``dest/images/``: the first ``count`` multi-turn conversations
+    of fastchat's dummy conversation file, each given one or two drawn images (every third record in
+    LLaVA's ``<image>`` + ``images`` shape, OpenAI ``image_url`` parts with a relative path or a file://
+    URL, or ``{"type": "image"}`` parts with a JPEG and a data: URL). Also returns what each record
+    means in transformers' own message form: (messages with image parts, image files in order)."""
+    import base64
+
+    dest = Path(dest)
+    conversations = json.loads((TOKENIZERS.parent / "conversations" / "fastchat_dummy_conversation.json")
+                               .read_text(encoding="utf-8"))
+    chosen = [c["conversations"] for c in conversations if len(c["conversations"]) >= 2][:count]
+    lines, expected = [], []
+    for i, turns in enumerate(chosen):
+        two = len(turns) >= 4 and i % 2 == 1
+        files = [draw_image(dest / "images" / f"{i}-{k}.{'jpg' if i % 3 == 2 else 'png'}", SIZES[(i + k) % len(SIZES)],
+                            seed=10 * i + k) for k in range(2 if two else 1)]
+        with_image = [0, 2] if two else [0]
+        messages = [{"role": "user" if t["from"] == "human" else "assistant",
+                     "content": ([{"type": "image"}] if n in with_image else []) + [{"type": "text", "text": t["value"]}]}
+                    for n, t in enumerate(turns)]
+        expected.append((messages, files))
+        refs = [f"images/{f.name}" for f in files]
+        if i % 3 == 0:
+            convs = [{"from": t["from"], "value": ("<image>" if n in with_image else "") + t["value"]}
+                     for n, t in enumerate(turns)]
+            lines.append({"conversations": convs, "images": refs})
+            continue
+        if i % 3 == 1:
+            parts = [{"type": "image_url", "image_url": {"url": refs[0]}}]
+            parts2 = [{"type": "image_url", "image_url": {"url": files[-1].resolve().as_uri()}}]
+        else:
+            parts = [{"type": "image", "image": refs[0]}]
+            encoded = base64.b64encode(files[-1].read_bytes()).decode()
+            parts2 = [{"type": "image", "image": f"data:image/jpeg;base64,{encoded}"}]
+        msgs = [{"role": m["role"], "content": ((parts if n == 0 else parts2) if n in with_image else [])
+                 + [{"type": "text", "text": turns[n]["value"]}]} for n, m in enumerate(messages)]
+        lines.append({"messages": msgs})
+    path = dest / "conversations.jsonl"
+    path.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines), encoding="utf-8")
+    return path, expected
