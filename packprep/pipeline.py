@@ -26,6 +26,7 @@ from .ledger import Ledger, top_reasons
 from .engines import TASKS_PER_WORKER, Engine, LocalEngine, make_engine, runs_per_item
 from .errors import ConfigError, InputError
 from .fates import FATES, PACKED, REJECTED, SPLIT, UNSAMPLED
+from .vision.check import load_manifest as load_vision_manifest, verify_vision
 from .vision.processor import has_image_processor
 from .vision.run import check_settings, pack_vision
 from .layout import DEFAULT_LAYOUT, FILES, TREE_LAYOUT, LayoutContext, get_layout, readable_layout
@@ -462,6 +463,9 @@ def check_shards(context: ShardContext, shards: list[dict], engine: Engine, work
 def verify_folder(folder, num_proc: int | None = None, engine: Engine | None = None, **options) -> Report:
     """:func:`packprep.verification.verify` with the shards checked on ``engine`` (default: a local one of
     ``num_proc`` workers, all cores by default, closed after); the report is the same with any."""
+    vision = load_vision_manifest(folder)
+    if vision is not None:  # conversations with images: their rows and images (docs/vision.md)
+        return verify_vision(folder, vision, options.get("check_hashes", True))
     runner = engine or make_engine("local", RunOptions(num_proc=num_proc).num_proc)
     try:
         return verify(folder, checker=partial(check_shards, engine=runner), **options)

@@ -15,7 +15,7 @@ from PIL import Image
 import packprep
 from packprep.vision.processor import ImageTokens, load_processor
 
-from .vision_folders import FAMILIES, build, conversation_set
+from .vision_folders import FAMILIES, build, conversation_set, draw_image
 
 
 @pytest.fixture(scope="module")
@@ -112,3 +112,20 @@ def test_the_cli_packs_a_processor_folder(tmp_path):
     rows = pq.read_table(next((tmp_path / "out" / "data").glob("*.parquet"))).to_pylist()
     assert all(i["data"] is not None and hashlib.sha256(i["data"]).hexdigest() == i["sha256"]
                for r in rows for i in r["images"])
+
+
+def test_verify_checks_every_image_against_the_processor(tmp_path):
+    from packprep.pipeline import verify_folder
+
+    data, expected = conversation_set(tmp_path / "data", 4)
+    folder = build("qwen2.5-vl", tmp_path / "qwen25vl")
+    packprep.pack(str(data), str(tmp_path / "out"), str(folder), max_len=4096)
+    report = verify_folder(tmp_path / "out")
+    assert report.ok, [str(f) for f in report.failures]
+    assert report.sequences == 4
+    first = expected[0][1][0]
+    first.write_bytes(first.read_bytes() + b"changed")  # the file changes after packing
+    draw_image(expected[3][1][0], (64, 64), 99)  # redrawn at another size
+    failures = [str(f) for f in verify_folder(tmp_path / "out").failures]
+    assert any("sha256" in f and first.name in f for f in failures), failures
+    assert any(expected[3][1][0].name in f for f in failures), failures

@@ -26,7 +26,8 @@ REMOTE = ("http://", "https://", "ftp://", "s3://", "gs://", "hf://")
 
 @dataclass(frozen=True)
 class ImageFile:
-    """An image's bytes and where they came from (``source``: as written, or ``bytes:<sha256>``)."""
+    """An image's bytes and where they came from (``source``: as written, or ``bytes:<sha256>`` for bytes
+    the input itself holds: a dataset's, a data: URL's)."""
 
     source: str
     data: bytes
@@ -48,7 +49,7 @@ def resolve(reference: Any, base_dir: str) -> ImageFile:
         raise Rejected(f"an image reference that is not a path or URL: {str(reference)[:80]!r}", "image_missing")
     if reference.startswith("data:"):
         data = _data_url(reference)
-        return ImageFile(reference[:40] + ("..." if len(reference) > 40 else ""), data, _sha(data))
+        return ImageFile(f"bytes:{_sha(data)}", data, _sha(data))  # the input holds the only copy
     if reference.lower().startswith(REMOTE):
         raise Rejected(f"{reference[:200]} is a remote URL: packprep reads no network; download the images and "
                        "write local paths", "image_remote")
