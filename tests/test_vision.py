@@ -129,3 +129,21 @@ def test_verify_checks_every_image_against_the_processor(tmp_path):
     failures = [str(f) for f in verify_folder(tmp_path / "out").failures]
     assert any("sha256" in f and first.name in f for f in failures), failures
     assert any(expected[3][1][0].name in f for f in failures), failures
+
+
+def test_stats_reports_text_and_image_tokens_and_each_max_len(tmp_path):
+    from click.testing import CliRunner
+
+    from packprep.cli import main
+
+    data, expected = conversation_set(tmp_path / "data", 4)
+    folder = build("gemma3", tmp_path / "gemma3")
+    report = packprep.stats(str(data), str(folder), max_lens=[256, 1024, 4096])
+    assert report["kind"] == "vision" and report["images"]["total"] == sum(len(f) for _, f in expected)
+    assert report["tokens"]["image"] == 256 * report["images"]["total"]  # Gemma 3: 256 an image, any size
+    assert report["tokens"]["text"] + report["tokens"]["image"] == report["tokens"]["total"]
+    by_len = {row["max_len"]: row for row in report["what_if"]}
+    assert by_len[4096]["refused"] == by_len[4096]["truncated"] == 0 and by_len[4096]["rows"] >= 1
+    assert by_len[256]["truncated"] + by_len[256]["refused"] == 4
+    result = CliRunner().invoke(main, ["stats", str(data), "-t", str(folder), "--max-len", "1024"])
+    assert result.exit_code == 0 and "image" in result.output, result.output

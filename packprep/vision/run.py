@@ -56,7 +56,7 @@ def pack_vision(sources: list[Source], tokenizer: str, config, folder: OutputFol
     with folder.staging() as tmp:
         ledger = Ledger(config.on_error, tmp / "rejects.jsonl")
         with ledger:
-            sequences, stats = _encode_all(encoding, tokens, ledger, config)
+            sequences, stats = encode_all(encoding, tokens, ledger, config)
             for entry in ledger.entries:
                 ledger.write(entry)
         if not sequences:
@@ -71,7 +71,7 @@ def pack_vision(sources: list[Source], tokenizer: str, config, folder: OutputFol
     return manifest
 
 
-def _encode_all(encoding: Encoding, tokens: ImageTokens, ledger: Ledger, config) -> tuple[list[Sequence], Counter]:
+def encode_all(encoding: Encoding, tokens: ImageTokens, ledger: Ledger, config) -> tuple[list[Sequence], Counter]:
     encoder = VisionEncoder(encoding.encoder, tokens)
     sequences: list[Sequence] = []
     stats: Counter = Counter()
