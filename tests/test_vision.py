@@ -147,3 +147,14 @@ def test_stats_reports_text_and_image_tokens_and_each_max_len(tmp_path):
     assert by_len[256]["truncated"] + by_len[256]["refused"] == 4
     result = CliRunner().invoke(main, ["stats", str(data), "-t", str(folder), "--max-len", "1024"])
     assert result.exit_code == 0 and "image" in result.output, result.output
+
+
+def test_the_output_is_the_same_with_any_number_of_processes(tmp_path):
+    data, _ = conversation_set(tmp_path / "data", 7)
+    folder = build("smolvlm", tmp_path / "smolvlm")
+    shards = []
+    for num_proc in (1, 2):
+        manifest = packprep.pack(str(data), str(tmp_path / f"out{num_proc}"), str(folder), max_len=2048,
+                                 num_proc=num_proc)
+        shards.append([s["sha256"] for s in manifest["shards"]])
+    assert shards[0] == shards[1]

@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, replace
+from multiprocessing import get_context
+from typing import Iterator
 
 import numpy as np
 
@@ -21,10 +23,12 @@ from ..errors import ConfigError, InputError, Rejected
 from ..fates import FATES, PACKED, TRUNCATED
 from ..layout import DEFAULT_LAYOUT, IGNORE_INDEX
 from ..ledger import Ledger, top_reasons
-from ..normalize import detect_format, normalize
+from ..normalize import Conversation, detect_format, normalize
+from ..tokenization import Encoded
 from ..read import Record, Source, file_sha256, read_records
 from ..write import OutputFolder, parse_size, shard_name
-from .encode import Prepared, VisionEncoder, prepare
+from .encode import VisionEncoder, VisionSequence, prepare
+from .images import ImageFile
 from .processor import ImageTokens, describe, load_processor
 from .records import extract
 from .rows import LAYOUT, Sequence, fit, plan, row, table
@@ -49,14 +53,14 @@ def check_settings(config, layout: str, mixed: bool) -> None:
 
 
 def pack_vision(sources: list[Source], tokenizer: str, config, folder: OutputFolder, *, embed_images: bool = False,
-                progress: bool = False) -> dict:
+                num_proc: int = 1, progress: bool = False) -> dict:
     """Pack ``sources`` with the processor of ``tokenizer`` into ``folder``; return the manifest."""
     encoding = Encoding.open(sources, tokenizer, config)
     tokens = ImageTokens(load_processor(tokenizer))
     with folder.staging() as tmp:
         ledger = Ledger(config.on_error, tmp / "rejects.jsonl")
         with ledger:
-            sequences, stats = encode_all(encoding, tokens, ledger, config)
+            sequences, stats = encode_all(encoding, tokens, ledger, config, num_proc, embed_images)
             for entry in ledger.entries:
                 ledger.write(entry)
         if not sequences:
@@ -71,30 +75,87 @@ def pack_vision(sources: list[Source], tokenizer: str, config, folder: OutputFol
     return manifest
 
 
-def encode_all(encoding: Encoding, tokens: ImageTokens, ledger: Ledger, config) -> tuple[list[Sequence], Counter]:
-    encoder = VisionEncoder(encoding.encoder, tokens)
+def encode_all(encoding: Encoding, tokens: ImageTokens, ledger: Ledger, config, num_proc: int = 1,
+               embed: bool = False) -> tuple[list[Sequence], Counter]:
+    """Every record encoded, BATCH records a task on ``num_proc`` forked processes (1: here); the
+    results are merged in input order, so the output is the same with any number."""
+    global _STATE
     sequences: list[Sequence] = []
     stats: Counter = Counter()
-    batch: list[tuple[int, Record, Prepared]] = []
+    records: dict[int, Record] = {}
+    _STATE = (encoding, tokens, config, embed)
+    pool = get_context("fork").Pool(num_proc) if num_proc > 1 else None
+    try:
+        done = (pool.imap(_encode_chunk, _chunks(encoding, ledger, records)) if pool
+                else map(_encode_chunk, _chunks(encoding, ledger, records)))
+        for results in done:
+            for number, outcome in results:
+                record = records.pop(number)
+                if isinstance(outcome, Rejected):
+                    ledger.reject(record, number, str(outcome), outcome.code)
+                else:
+                    _keep(number, outcome, ledger, sequences, stats)
+    finally:
+        if pool is not None:
+            pool.terminate()
+        _STATE = None
+    return sequences, stats
 
-    def flush():
-        for (number, record, prepared), result in zip(batch, encoder.encode([p for _, _, p in batch])):
-            _keep(number, record, prepared, result, ledger, config, sequences, stats)
-        batch.clear()
 
+_STATE = None  # (encoding, tokens, config, embed) of the run: forked workers inherit it
+
+
+def _chunks(encoding: Encoding, ledger: Ledger, records: dict) -> Iterator[list]:
+    """The records, numbered by ``ledger``, BATCH a task (``records`` keeps each until its result)."""
+    chunk = []
     for index, source in enumerate(encoding.sources):
         base_dir = os.path.dirname(os.path.abspath(source.path))
-        fields, fallback = encoding.fields[index], encoding.formats[index]
         for record in read_records(source):
             number = ledger.add()
-            try:
-                batch.append((number, record, _prepared(record, fields, fallback, encoding, base_dir, tokens)))
-            except Rejected as exc:
-                ledger.reject(record, number, str(exc), exc.code)
-            if len(batch) == BATCH:
-                flush()
-    flush()
-    return sequences, stats
+            records[number] = record
+            chunk.append((number, record, index, base_dir))
+            if len(chunk) == BATCH:
+                yield chunk
+                chunk = []
+    if chunk:
+        yield chunk
+
+
+@dataclass
+class Kept:
+    """A record that stays: its sequences fitted to --max-len (and whether each was cut)."""
+
+    fitted: list[tuple[VisionSequence, bool]]
+    files: list[ImageFile]
+    grids: list[tuple[int, ...]]
+    conversation: Conversation
+    encoded: Encoded
+
+
+def _encode_chunk(chunk: list) -> list[tuple[int, Kept | Rejected]]:
+    """The encode task: prepare, encode and fit a chunk of records (in a worker, or here)."""
+    encoding, tokens, config, embed = _STATE
+    out, ready = [], []
+    for number, record, index, base_dir in chunk:
+        try:
+            ready.append((number, _prepared(record, encoding.fields[index], encoding.formats[index], encoding,
+                                            base_dir, tokens)))
+        except Rejected as exc:
+            out.append((number, exc))
+    with encoding.encoder.one_thread():
+        results = VisionEncoder(encoding.encoder, tokens).encode([p for _, p in ready])
+    for (number, prepared), result in zip(ready, results):
+        try:
+            if isinstance(result, Rejected):
+                raise result
+            fitted = [fit(seq, config.max_len, config.overlong) for seq in result.sequences]
+        except Rejected as exc:
+            out.append((number, exc))
+            continue
+        files = prepared.files if embed else [replace(f, data=b"") for f in prepared.files]
+        out.append((number, Kept(fitted, files, [e.grid for e in prepared.expansions], prepared.conversation,
+                                 result.encoded)))
+    return sorted(out, key=lambda item: item[0])
 
 
 def _prepared(record: Record, fields, fallback: str, encoding: Encoding, base_dir: str, tokens: ImageTokens):
@@ -105,28 +166,20 @@ def _prepared(record: Record, fields, fallback: str, encoding: Encoding, base_di
     return prepare(normalize(data, fmt, fields, encoding.policy), references, base_dir, tokens)
 
 
-def _keep(number, record, prepared, result, ledger: Ledger, config, sequences: list, stats: Counter) -> None:
-    """A record's sequences fitted to --max-len, or its rejection."""
-    if isinstance(result, Rejected):
-        ledger.reject(record, number, str(result), result.code)
-        return
-    try:
-        fitted = [fit(seq, config.max_len, config.overlong) for seq in result.sequences]
-    except Rejected as exc:
-        ledger.reject(record, number, str(exc), exc.code)
-        return
-    ledger.keep(prepared.conversation, result.encoded)
-    if any(cut for _, cut in fitted):
+def _keep(number: int, kept: Kept, ledger: Ledger, sequences: list, stats: Counter) -> None:
+    """Count a record that stays and add its sequences."""
+    ledger.keep(kept.conversation, kept.encoded)
+    if any(cut for _, cut in kept.fitted):
         ledger.status[number] = TRUNCATED
-    grids = [e.grid for e in prepared.expansions]
-    for seq, _ in fitted:
-        sequences.append(Sequence(seq, number, prepared.files, grids))
+    for seq, _ in kept.fitted:
+        sequences.append(Sequence(seq, number, kept.files, kept.grids))
         image_tokens = sum(count for _, count, _ in seq.images)
         stats["image_tokens"] += image_tokens
         stats["text_tokens"] += len(seq.input_ids) - image_tokens
         stats["supervised"] += int((seq.labels[1:] != IGNORE_INDEX).sum())
-    stats["images"] += len(prepared.files)
-    stats[f"records_with_{min(len(prepared.files), 4)}{'+' if len(prepared.files) >= 4 else ''}_images"] += 1
+    images = len(kept.files)
+    stats["images"] += images
+    stats[f"records_with_{min(images, 4)}{'+' if images >= 4 else ''}_images"] += 1
 
 
 def _write(tmp, sequences: list[Sequence], bins, tokens: ImageTokens, embed: bool, shard_bytes: int) -> list[dict]:
