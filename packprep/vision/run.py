@@ -12,8 +12,7 @@ import json
 import os
 from collections import Counter
 from dataclasses import asdict, dataclass, replace
-from multiprocessing import get_context
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 
@@ -32,6 +31,9 @@ from .images import ImageFile
 from .processor import ImageTokens, describe, load_processor
 from .records import extract
 from .rows import LAYOUT, Sequence, fit, plan, row, table
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..engines import Engine
 
 BATCH = 64  # conversations a tokenizer call
 NOT_FOR_IMAGES = {"random": "it cuts sequences, and an image is never cut",
@@ -53,14 +55,14 @@ def check_settings(config, layout: str, mixed: bool) -> None:
 
 
 def pack_vision(sources: list[Source], tokenizer: str, config, folder: OutputFolder, *, embed_images: bool = False,
-                num_proc: int = 1, progress: bool = False) -> dict:
+                engine: "Engine | None" = None, progress: bool = False) -> dict:
     """Pack ``sources`` with the processor of ``tokenizer`` into ``folder``; return the manifest."""
     encoding = Encoding.open(sources, tokenizer, config)
     tokens = ImageTokens(load_processor(tokenizer))
     with folder.staging() as tmp:
         ledger = Ledger(config.on_error, tmp / "rejects.jsonl")
         with ledger:
-            sequences, stats = encode_all(encoding, tokens, ledger, config, num_proc, embed_images)
+            sequences, stats = encode_all(encoding, tokens, ledger, config, engine, embed_images)
             for entry in ledger.entries:
                 ledger.write(entry)
         if not sequences:
@@ -75,34 +77,25 @@ def pack_vision(sources: list[Source], tokenizer: str, config, folder: OutputFol
     return manifest
 
 
-def encode_all(encoding: Encoding, tokens: ImageTokens, ledger: Ledger, config, num_proc: int = 1,
+def encode_all(encoding: Encoding, tokens: ImageTokens, ledger: Ledger, config, engine: "Engine | None" = None,
                embed: bool = False) -> tuple[list[Sequence], Counter]:
-    """Every record encoded, BATCH records a task on ``num_proc`` forked processes (1: here); the
-    results are merged in input order, so the output is the same with any number."""
-    global _STATE
+    """Every record encoded, BATCH records a task, on ``engine`` (pipeline.py's; None: here); the
+    results are merged in input order, so the output is the same on any engine."""
     sequences: list[Sequence] = []
     stats: Counter = Counter()
     records: dict[int, Record] = {}
-    _STATE = (encoding, tokens, config, embed)
-    pool = get_context("fork").Pool(num_proc) if num_proc > 1 else None
-    try:
-        done = (pool.imap(_encode_chunk, _chunks(encoding, ledger, records)) if pool
-                else map(_encode_chunk, _chunks(encoding, ledger, records)))
-        for results in done:
-            for number, outcome in results:
-                record = records.pop(number)
-                if isinstance(outcome, Rejected):
-                    ledger.reject(record, number, str(outcome), outcome.code)
-                else:
-                    _keep(number, outcome, ledger, sequences, stats)
-    finally:
-        if pool is not None:
-            pool.terminate()
-        _STATE = None
+    context = (encoding, tokens, config, embed)
+    chunks = _chunks(encoding, ledger, records)
+    done = (engine.map(_encode_chunk, context, chunks) if engine is not None
+            else (_encode_chunk(context, chunk) for chunk in chunks))
+    for results in done:
+        for number, outcome in results:
+            record = records.pop(number)
+            if isinstance(outcome, Rejected):
+                ledger.reject(record, number, str(outcome), outcome.code)
+            else:
+                _keep(number, outcome, ledger, sequences, stats)
     return sequences, stats
-
-
-_STATE = None  # (encoding, tokens, config, embed) of the run: forked workers inherit it
 
 
 def _chunks(encoding: Encoding, ledger: Ledger, records: dict) -> Iterator[list]:
@@ -132,9 +125,9 @@ class Kept:
     encoded: Encoded
 
 
-def _encode_chunk(chunk: list) -> list[tuple[int, Kept | Rejected]]:
+def _encode_chunk(context: tuple, chunk: list) -> list[tuple[int, Kept | Rejected]]:
     """The encode task: prepare, encode and fit a chunk of records (in a worker, or here)."""
-    encoding, tokens, config, embed = _STATE
+    encoding, tokens, config, embed = context
     out, ready = [], []
     for number, record, index, base_dir in chunk:
         try:
