@@ -97,21 +97,25 @@ def test_qwen_rows_carry_each_sequences_own_rope_index(packed):
     assert sequences == len(expected) and "mrope_position_ids" not in packed["gemma3"][3][0]
 
 
-def test_the_cli_packs_a_processor_folder(tmp_path):
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_cli_packs_and_verifies_a_processor_folder(family, tmp_path):
     from click.testing import CliRunner
 
     from packprep.cli import main
 
     data, expected = conversation_set(tmp_path / "data", 3)
-    folder = build("qwen2.5-vl", tmp_path / "qwen25vl")
-    result = CliRunner().invoke(main, ["pack", str(data), "-t", str(folder), "--max-len", "2048", "-o",
-                                       str(tmp_path / "out"), "--embed-images"])
+    folder = build(family, tmp_path / family)
+    out = str(tmp_path / "out")
+    result = CliRunner().invoke(main, ["pack", str(data), "-t", str(folder), "--max-len", "4096", "-o", out,
+                                       "--embed-images", "-q"])
     assert result.exit_code == 0, result.output
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["layout"] == "packprep-vision" and manifest["counts"]["packed"] == 3
     rows = pq.read_table(next((tmp_path / "out" / "data").glob("*.parquet"))).to_pylist()
     assert all(i["data"] is not None and hashlib.sha256(i["data"]).hexdigest() == i["sha256"]
                for r in rows for i in r["images"])
+    result = CliRunner().invoke(main, ["verify", out])
+    assert result.exit_code == 0 and result.output.startswith("ok: "), result.output
 
 
 def test_verify_checks_every_image_against_the_processor(tmp_path):
