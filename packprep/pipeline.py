@@ -89,8 +89,7 @@ def pack(
         sources = open_inputs([inputs] if isinstance(inputs, str) else list(inputs), None, None)[0]
         runner = make_engine("local", run.num_proc)
         try:
-            return pack_vision(sources, tokenizer, config, folder, embed_images=embed_images, engine=runner,
-                               progress=progress)
+            return pack_vision(sources, tokenizer, config, folder, embed_images=embed_images, engine=runner)
         finally:
             runner.close()
     layout = _split_layout(layout, bool(validation_size), config.shared_prefix)

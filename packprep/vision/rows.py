@@ -57,9 +57,7 @@ def fit(seq: VisionSequence, max_len: int, overlong: str) -> tuple[VisionSequenc
 
 
 def plan(lengths: np.ndarray, max_len: int, strategy: str, row_order: str, seed: int):
-    """The ordered bins of whole sequences."""
-    if strategy in ("random", "pad", "minibatch"):
-        strategy = "greedy"  # settings refuse these for images (they cut or pad); see run.py
+    """The ordered bins of whole sequences (``strategy``: one that never cuts, run.check_settings)."""
     return order_bins(pack_lengths(lengths, max_len, strategy, seed), row_order, seed)
 
 

@@ -55,7 +55,7 @@ def check_settings(config, layout: str, mixed: bool) -> None:
 
 
 def pack_vision(sources: list[Source], tokenizer: str, config, folder: OutputFolder, *, embed_images: bool = False,
-                engine: "Engine | None" = None, progress: bool = False) -> dict:
+                engine: "Engine | None" = None) -> dict:
     """Pack ``sources`` with the processor of ``tokenizer`` into ``folder``; return the manifest."""
     encoding = Encoding.open(sources, tokenizer, config)
     tokens = ImageTokens(load_processor(tokenizer))
