@@ -109,7 +109,7 @@ def test_the_cli_packs_and_verifies_a_processor_folder(family, tmp_path):
     result = CliRunner().invoke(main, ["pack", str(data), "-t", str(folder), "--max-len", "4096", "-o", out,
                                        "--embed-images", "-q"])
     assert result.exit_code == 0, result.output
-    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    manifest = json.loads((tmp_path / "out" / "packprep.json").read_text())
     assert manifest["layout"] == "packprep-vision" and manifest["counts"]["packed"] == 3
     rows = pq.read_table(next((tmp_path / "out" / "data").glob("*.parquet"))).to_pylist()
     assert all(i["data"] is not None and hashlib.sha256(i["data"]).hexdigest() == i["sha256"]
@@ -127,6 +127,9 @@ def test_verify_checks_every_image_against_the_processor(tmp_path):
     report = verify_folder(tmp_path / "out")
     assert report.ok, [str(f) for f in report.failures]
     assert report.sequences == 4
+    summary = packprep.stats(str(tmp_path / "out"))
+    assert summary["kind"] == "vision-packed" and summary["sequences"] == 4
+    assert summary["images"]["total"] == sum(len(files) for _, files in expected)
     first = expected[0][1][0]
     first.write_bytes(first.read_bytes() + b"changed")  # the file changes after packing
     draw_image(expected[3][1][0], (64, 64), 99)  # redrawn at another size

@@ -102,7 +102,7 @@ def _check_image(image: dict, tokens: ImageTokens, base_dir: str, fail) -> None:
 
 def load_manifest(folder: str | Path) -> dict | None:
     """The folder's manifest when it is a vision one, else None."""
-    path = Path(folder) / "manifest.json"
+    path = Path(folder) / "packprep.json"
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):

@@ -72,7 +72,7 @@ def pack_vision(sources: list[Source], tokenizer: str, config, folder: OutputFol
         bins = plan(lengths, config.max_len, config.strategy, config.row_order, config.seed)
         shards = _write(tmp, sequences, bins, tokens, embed_images, parse_size(config.shard_size))
         manifest = _manifest(config, encoding, tokens, ledger, sequences, bins, lengths, shards, stats, embed_images)
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        (tmp / "packprep.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         folder.commit()
     return manifest
 
