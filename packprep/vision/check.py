@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import Rejected
-from ..layout import IGNORE_INDEX
+from ..layout import IGNORE_INDEX, VISION_LAYOUT
 from ..verification import Failure, Report
 from .images import ImageFile, open_image, resolve
 from .processor import ImageTokens, load_processor, rope_index
@@ -107,4 +107,4 @@ def load_manifest(folder: str | Path) -> dict | None:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return manifest if isinstance(manifest, dict) and manifest.get("layout") == "packprep-vision" else None
+    return manifest if isinstance(manifest, dict) and manifest.get("layout") == VISION_LAYOUT else None

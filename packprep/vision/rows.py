@@ -14,13 +14,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import Rejected
-from ..layout import IGNORE_INDEX
+from ..layout import IGNORE_INDEX, VISION_LAYOUT
 from ..packing import order_bins, pack_lengths
 from .encode import VisionSequence
 from .images import ImageFile
 from .processor import ImageTokens, rope_index
 
-LAYOUT = "packprep-vision"
+LAYOUT = VISION_LAYOUT
 
 
 @dataclass
