@@ -15,7 +15,10 @@ from PIL import Image
 import packprep
 from packprep.vision.processor import ImageTokens, load_processor
 
+from .conftest import needs_fixtures
 from .vision_folders import FAMILIES, build, conversation_set, draw_image
+
+pytestmark = [pytest.mark.slow, needs_fixtures]  # the fixtures' vocabularies and conversations
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,10 @@ from PIL import Image
 
 from packprep.vision.processor import ImageTokens, load_processor, rope_index
 
+from .conftest import needs_fixtures
 from .vision_folders import FAMILIES, build, draw_image
+
+pytestmark = needs_fixtures  # the fixtures' vocabularies and conversations
 
 SIZES = [(300, 200), (64, 900), (1500, 1000), (28, 28)]
 
