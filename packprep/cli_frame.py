@@ -16,8 +16,8 @@ from .interrupts import COMMITTED, boundary, exit_now, stop_on_sigterm
 # needs one entry (tests/test_cli.py fails on an option with none).
 OPTION_GROUPS = {
     "Input": ("tokenizer", "format_", "messages_field", "text_field", "mix", "validation_size"),
-    "Output": ("output", "overwrite", "layout", "embed_images", "shard_format", "shard_size", "quiet", "as_json", "plot_path",
-               "push_to", "private", "token"),
+    "Output": ("output", "overwrite", "layout", "embed_images", "shard_format", "shard_size", "quiet", "as_json",
+               "plot_path", "push_to", "private", "token"),
     "Packing": ("max_len", "max_lens", "strategy", "strategies", "overlong", "seed", "row_order",
                 "samples_per_row", "partition_size", "global_batch_size", "epochs", "shared_prefix",
                 "balance_dp", "dp_size", "rows_per_step", "stats_rows_per_step", "balance_sampler",
