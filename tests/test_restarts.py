@@ -1,12 +1,12 @@
 """The batched torch fallback for packed rows in recurrent and convolutional layers (``packprep.training.restarts``).
 
 transformers' own torch functions (short causal convolution, chunked gated delta rule, chunked Mamba-2 scan) on
-literal random tensors, float32, CPU: the whole packed row in one call equals each sequence run through the
-same function alone, outputs and gradients; a row whose sequences end on, just before and just after a chunk
-boundary, and a sequence of one token; and the same row in rows shorter than its sequences, which the scans
-then run in pieces, a call a wave, each piece from the state its previous piece ended with. And the fallback
-does not loop over sequences: a model's forward and backward run the same number of operations for a row of 2
-sequences as for a row of 8.
+literal random tensors, float32, CPU: the whole packed row in one call (a scan: a call a wave) equals each
+sequence run through the same function alone, outputs and gradients; a row whose sequences end on, just
+before and just after a chunk boundary, and a sequence of one token; and the same row in rows shorter than
+its sequences, which the scans then run in pieces, a call a wave, each piece from the state its previous
+piece ended with. And the fallback does not loop over sequences: a model's forward and backward run the
+same number of operations for a row of 2 sequences as for a row of 8.
 """
 
 from __future__ import annotations
