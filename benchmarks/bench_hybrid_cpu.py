@@ -4,10 +4,14 @@
 Every covered family (Qwen3.5, Qwen3-Next, Bamba, Nemotron-H, Falcon-H1, LFM2, Granite 4) as a tiny random
 model (hidden 64, 4 token-mixing layers, 3 recurrent or convolutional : 1 attention where the family mixes
 them; fp32, SDPA), after ``register_packed_layers`` (no kernel packages: transformers' torch functions, the
-whole row in one call). One packed row of 16 sequences through ``collate_packed``; forward and backward of
-the summed cross-entropy; median of ``--reps`` rounds, the models taking turns within each round.
+whole row in one call a wave). One packed row of 16 sequences through ``collate_packed`` (or, with
+``--tokens N``, a row of N tokens from the GPU benchmark's long-tailed chat mix); forward and backward of the
+summed cross-entropy; median of ``--reps`` rounds, the models taking turns within each round. ``--rows`` times
+each model under each scan row length (``restarts.ROW``; 0: rows as long as the longest sequence, the layout
+before rows were capped).
 
     python benchmarks/bench_hybrid_cpu.py [--reps 5] [--threads 2] [--out results.json]
+    python benchmarks/bench_hybrid_cpu.py --tokens 4096 --rows 1024,0 --families qwen3_5,bamba
 
 Granite 4's attention keeps packed sequences apart only with a cu_seq_lens attention (flash-attention or
 ``register_varlen_attention``, CUDA); on CPU it is timed with Mamba-2 layers alone.
@@ -29,7 +33,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-from packprep.training import collate_packed, register_packed_layers  # noqa: E402
+from packprep.training import collate_packed, register_packed_layers, restarts  # noqa: E402
 
 HEADS = dict(num_attention_heads=4, num_key_value_heads=2)
 MIX = ["linear_attention"] * 3 + ["full_attention"]
@@ -62,9 +66,15 @@ def build(family: str, vocab: int):
     return model, register_packed_layers(model)
 
 
-def row(n_seqs: int, vocab: int, seed: int = 0) -> dict:
+def row(n_seqs: int, vocab: int, tokens: int = 0, seed: int = 0) -> dict:
+    """``n_seqs`` short sequences, or (``tokens``) sequences of the chat mix until the next would not fit."""
     rng = np.random.default_rng(seed)
-    lengths = np.clip(rng.lognormal(4.3, 0.7, n_seqs), 8, 400).astype(int).tolist()
+    if tokens:
+        lengths: list[int] = []
+        while sum(lengths) + (n := int(np.clip(rng.lognormal(6.3, 0.9), 32, tokens))) <= tokens:
+            lengths.append(n)
+    else:
+        lengths = np.clip(rng.lognormal(4.3, 0.7, n_seqs), 8, 400).astype(int).tolist()
     ids = rng.integers(1, vocab, sum(lengths))
     return collate_packed([{"input_ids": ids, "labels": ids, "seq_lens": lengths}])
 
@@ -82,29 +92,34 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--sequences", type=int, default=16)
+    parser.add_argument("--tokens", type=int, default=0, help="a row of this many tokens of the chat mix")
+    parser.add_argument("--rows", default=str(restarts.ROW), help="scan row lengths to time each model under "
+                        "(0: as long as the longest sequence)")
     parser.add_argument("--families", default=",".join(CONFIGS))
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     vocab = 256
-    batch = row(args.sequences, vocab)
+    batch = row(args.sequences, vocab, args.tokens)
     models = {family: build(family, vocab) for family in args.families.split(",")}
-    times: dict[str, list[float]] = {family: [] for family in models}
-    for family, (model, _) in models.items():  # warm-up
-        step(model, batch)
-    for _ in range(args.reps):
-        for family, (model, _) in models.items():
-            times[family].append(step(model, batch))
-    base = statistics.median(times["llama"]) if "llama" in times else None
+    runs = [(family, int(r)) for family in models for r in args.rows.split(",")]
+    times: dict[tuple, list[float]] = {run: [] for run in runs}
+    for rep in range(args.reps + 1):  # the first round is a warm-up
+        for family, r in runs:
+            restarts.ROW = r or 1 << 40
+            seconds = step(models[family][0], batch)
+            times[(family, r)] += [seconds] if rep else []
     result = {"torch": torch.__version__, "transformers": transformers.__version__, "threads": args.threads,
               "tokens": int(batch["input_ids"].shape[1]), "sequences": len(batch["cu_seq_lens_q"]) - 1, "rows": []}
-    print(f"{'model':12} {'fwd+bwd s':>10} {'x llama':>8}  path")
-    for family, (model, used) in models.items():
-        median = statistics.median(times[family])
-        entry = {"model": family, "median_s": round(median, 4), "vs_llama": round(median / base, 2) if base else None,
-                 "layers": used, "times": [round(t, 4) for t in times[family]]}
+    print(f"{'model':12} {'row':>6} {'fwd+bwd s':>10} {'x llama':>8}  path")
+    for family, r in runs:
+        median = statistics.median(times[(family, r)])
+        base = statistics.median(times[("llama", r)]) if ("llama", r) in times else None
+        entry = {"model": family, "row": r, "median_s": round(median, 4),
+                 "vs_llama": round(median / base, 2) if base else None, "layers": models[family][1],
+                 "times": [round(t, 4) for t in times[(family, r)]]}
         result["rows"].append(entry)
-        print(f"{family:12} {median:10.3f} {entry['vs_llama'] or '':>8}  {used}")
+        print(f"{family:12} {r:>6} {median:10.3f} {entry['vs_llama'] or '':>8}  {models[family][1]}")
     if args.out:
         with open(args.out, "w") as handle:
             json.dump(result, handle, indent=1)

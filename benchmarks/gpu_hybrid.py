@@ -10,21 +10,27 @@
    bf16 rounding alone costs) and the row with its boundaries withheld (the leak). Relative L2 error over all
    parameters. A family that fails or outruns ``--family-timeout`` is a row with its error.
 2. ``--part speed``: a Qwen3.5-shaped model of about 1B parameters (hidden 2048, 16 layers, 3 Gated DeltaNet
-   : 1 attention, vocabulary 32k, bf16, AdamW) trains on the same sequences (a long-tailed chat mix of 32 to
-   4096 tokens), one optimizer step per group filling a row of 4096 tokens: packed (``collate_packed``, one
-   row, varlen attention) and padded (``collate_padded``, SDPA with its mask: the group sorted by length, in
-   micro-batches of at most ``--slots`` padded tokens, each padded to the first of ``--buckets`` that holds
-   its longest sequence; ``padded_max``: every sequence padded to ``--max-len``). Every batch shape runs once
-   before the clock (compilation and autotuning untimed); real tokens/s and every step's loss in both modes,
-   from the same initial weights.
+   : 1 attention, vocabulary 32k) and a Mamba-2 hybrid of about 1B (Bamba: hidden 2048, 16 layers, 3 Mamba-2
+   : 1 attention), bf16, AdamW, train on the same sequences (a long-tailed chat mix from 32 tokens), one
+   optimizer step per group filling a row of each of ``--max-len`` tokens: packed (``collate_packed``, one
+   row, varlen attention, fla's varlen kernels) and padded (``collate_padded``, SDPA with its mask, the same
+   fla kernels without boundaries: the group sorted by length, in micro-batches of at most ``--slots`` padded
+   tokens, each padded to the first of ``--buckets`` that holds its longest sequence; ``padded_max``: every
+   sequence padded to the row length). ``packed_fallback`` runs the packed rows through packprep's torch
+   fallback (rows of at most ``restarts.ROW`` tokens), ``packed_fallback_longest`` through the same with rows
+   as long as the longest sequence (the layout before). Every batch shape runs once before the clock
+   (compilation and autotuning untimed); real tokens/s and every step's loss, from the same initial weights,
+   and the first step's loss of a float32 copy on transformers' torch functions (``fp32``, no step taken).
 
-    python benchmarks/gpu_hybrid.py [--part speed,grads] [--modes packed,padded] [--paths fla,fallback]
-                                    [--steps 12] [--out results.json]
+    python benchmarks/gpu_hybrid.py [--part speed,grads] [--models qwen3_5,bamba] [--max-len 4096,16384]
+                                    [--modes packed,padded] [--paths fla,fallback] [--steps 6] [--out results.json]
     python benchmarks/gpu_hybrid.py --device cpu --part grads --paths fallback   # CPU smoke runs
-    python benchmarks/gpu_hybrid.py --device cpu --part speed --max-len 512 --buckets 128,256,512 --steps 3
+    python benchmarks/gpu_hybrid.py --device cpu --part speed --max-len 512 --buckets 128,256,512 --steps 3 \
+        --modes fp32,packed_fallback,packed_fallback_longest,padded
 
 On Hopper, flash-linear-attention 0.6 needs Triton >= 3.7.1 for its gated kernels' backward. fla compiles and
-autotunes its kernels on first use (minutes on an empty Triton cache): keep ``TRITON_CACHE_DIR`` between runs.
+autotunes its kernels on first use (minutes on an empty Triton cache): keep ``TRITON_CACHE_DIR`` between runs,
+and ``--autotune-configs 1`` compiles one config a kernel (the nearest 4 warps and 2 stages) and times none.
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 from packprep.training import collate_packed, collate_padded, hybrid, register_packed_layers  # noqa: E402
-from packprep.training import register_varlen_attention  # noqa: E402
+from packprep.training import register_varlen_attention, restarts  # noqa: E402
 from packprep.training.layers import layer_type_of, stateful_layers  # noqa: E402
 
 HEADS = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=64)
@@ -56,8 +62,8 @@ GDN = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim
 MAMBA2 = dict(mamba_n_heads=8, mamba_d_head=64, mamba_d_state=64, mamba_chunk_size=64, **HEADS)
 FAMILIES = {
     "qwen3_5": lambda **c: transformers.Qwen3_5TextConfig(**GDN, **c),
-    "qwen3_next": lambda **c: transformers.Qwen3NextConfig(
-        **GDN, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=128, shared_expert_intermediate_size=128,
+    "qwen3_next": lambda **c: transformers.Qwen3NextConfig(  # every token to all 4 experts: bf16 flips no choice
+        **GDN, num_experts=4, num_experts_per_tok=4, moe_intermediate_size=128, shared_expert_intermediate_size=128,
         **c),
     "bamba": lambda **c: transformers.BambaConfig(num_hidden_layers=4, attn_layer_indices=[3], **MAMBA2, **c),
     "nemotron_h": lambda **c: transformers.NemotronHConfig(
@@ -148,6 +154,7 @@ def gradients(family: str, path: str, attn: str, device: str = "cuda", lengths=(
     The float32 reference runs on transformers' torch functions (``torch_path``): exact arithmetic of each
     sequence alone, and no flash-linear-attention kernel compiled and autotuned for float32 and each new length."""
     use_path(path)
+    restarts.ROW = MODES["packed"][2]
     started = time.perf_counter()
     model = _tiny(family, device)
     gen = torch.Generator().manual_seed(1)
@@ -177,26 +184,33 @@ class _Timeout(BaseException):
 
 
 def _alarm(signum, frame):
-    raise _Timeout("no result within --family-timeout seconds")
+    raise _Timeout("no result within its time limit (--family-timeout, --part-timeout)")
+
+
+def guarded(run, limit: int, label: dict) -> dict:
+    """``run()``'s row, or ``label`` with the error if it fails or runs past ``limit`` seconds: one failure is a
+    result, not the end of the run."""
+    print(json.dumps({"start": label, "t": round(time.perf_counter() - T0, 1)}), flush=True)
+    signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(limit)
+    faulthandler.dump_traceback_later(limit + 15)  # where it is stuck, if the alarm cannot interrupt it
+    try:
+        return run()
+    except (Exception, _Timeout) as exc:
+        return {**label, "error": f"{type(exc).__name__}: {exc}"[:2000]}
+    finally:
+        signal.alarm(0)
+        faulthandler.cancel_dump_traceback_later()
 
 
 def gradient_rows(families, paths, attn: str, device: str, limit: int, results: dict, out: str) -> None:
     """One row per family and path; a family that fails or runs past ``limit`` seconds is a row with its error."""
-    signal.signal(signal.SIGALRM, _alarm)
     for family in families:
         for path in paths:
-            print(json.dumps({"start": family, "path": path, "t": round(time.perf_counter() - T0, 1)}), flush=True)
-            signal.alarm(limit)
-            faulthandler.dump_traceback_later(limit + 15)  # where it is stuck, if the alarm cannot interrupt it
-            try:
-                results["grads"].append(gradients(family, path, attn, device))
-            except (Exception, _Timeout) as exc:  # one family's failure is a result, not the end of the run
-                error = f"{type(exc).__name__}: {exc}"[:2000]
-                results["grads"].append({"family": family, "path": path, "error": error})
+            results["grads"].append(guarded(lambda: gradients(family, path, attn, device), limit,
+                                            {"family": family, "path": path}))
+            if "error" in results["grads"][-1]:
                 print(json.dumps(results["grads"][-1]), flush=True)
-            finally:
-                signal.alarm(0)
-                faulthandler.cancel_dump_traceback_later()
             save(results, out)
 
 
@@ -209,6 +223,20 @@ def qwen3_5_1b(tiny: bool = False):
         linear_value_head_dim=128, linear_num_key_heads=16, linear_num_value_heads=16, vocab_size=32000,
         tie_word_embeddings=True, layer_types=MIX * (size["num_hidden_layers"] // 4), initializer_range=0.02,
         use_cache=False)
+
+
+def bamba_1b(tiny: bool = False):
+    """The Mamba-2 hybrid speed model (Bamba: 3 Mamba-2 layers : 1 attention); ``tiny`` for a CPU smoke run."""
+    size = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4) if tiny else dict(
+        hidden_size=2048, intermediate_size=5120, num_hidden_layers=16)
+    layers = size["num_hidden_layers"]
+    return transformers.BambaConfig(
+        **size, num_attention_heads=16, num_key_value_heads=4, attn_layer_indices=list(range(3, layers, 4)),
+        mamba_n_heads=size["hidden_size"] * 2 // 64, mamba_d_head=64, mamba_d_state=128, mamba_n_groups=1,
+        mamba_chunk_size=256, vocab_size=32000, tie_word_embeddings=True, initializer_range=0.02, use_cache=False)
+
+
+SPEED_MODELS = {"qwen3_5": qwen3_5_1b, "bamba": bamba_1b}
 
 
 def _sync(device: str) -> None:
@@ -272,43 +300,92 @@ def _step(model, micro: list[tuple[dict, int]]) -> float:
     return loss
 
 
-def throughput(config, steps, mode: str, attn: str, buckets: list[int], slots: int, device: str = "cuda") -> dict:
-    """Train on ``steps`` from fixed initial weights; every batch shape is run once (forward and backward, no
-    optimizer step) before the clock starts, so that compilation and autotuning are outside the timing."""
-    packed = mode == "packed"
+def _fla_scan(hidden_states, dt, A, B, C, chunk_size, D=None, dt_bias=None, dt_softplus=False,
+              dt_limit=(0.0, float("inf")), **kwargs):
+    return hybrid._mamba2_fla(hidden_states, dt, A, B, C, None, D=D, dt_bias=dt_bias, dt_softplus=dt_softplus,
+                              dt_limit=dt_limit)
+
+
+@contextlib.contextmanager
+def padded_through_fla(model):
+    """Padded batches of a Mamba-2 model through fla's scan without boundaries (``chunk_simple_gla``), the kernel
+    its packed rows run; transformers already binds a Gated DeltaNet's padded batches to fla's kernel."""
+    modules = {sys.modules[type(m).__module__] for _, m in stateful_layers(model) if layer_type_of(m).name == "mamba2"}
+    saved = {modeling: modeling.mamba2_chunk_scan for modeling in modules}
+    for modeling in modules:
+        modeling.mamba2_chunk_scan = _fla_scan
+    try:
+        yield
+    finally:
+        for modeling, function in saved.items():
+            modeling.mamba2_chunk_scan = function
+
+
+MODES = {  # mode: (packed, path of the packed rows' stateful layers, restarts.ROW, dtype)
+    "packed": (True, "fla", restarts.ROW, torch.bfloat16),
+    "packed_fallback": (True, "fallback", restarts.ROW, torch.bfloat16),
+    "packed_fallback_longest": (True, "fallback", 1 << 40, torch.bfloat16),
+    "padded": (False, "fla", restarts.ROW, torch.bfloat16),
+    "padded_max": (False, "fla", restarts.ROW, torch.bfloat16),
+    "fp32": (False, "fallback", restarts.ROW, torch.float32),
+}
+
+
+def _model(config, mode: str, attn: str, device: str):
+    packed, path, row, dtype = MODES[mode]
+    use_path(path)
+    restarts.ROW = row
     torch.manual_seed(0)
     with torch.device(device):
-        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.bfloat16)
+        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attn if packed else "sdpa",
+                                                              dtype=dtype)
     used = register_packed_layers(model) if packed else {}
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
-    model.train()
+    if mode == "fp32":
+        return model, used, torch_path(model)
+    on_fla = not packed and device == "cuda" and FLA_AVAILABLE()
+    return model, used, padded_through_fla(model) if on_fla else contextlib.nullcontext()
+
+
+def throughput(config, steps, mode: str, attn: str, buckets: list[int], slots: int, device: str = "cuda") -> dict:
+    """Train on ``steps`` from fixed initial weights; every batch shape is run once (forward and backward, no
+    optimizer step) before the clock starts, so that compilation and autotuning are outside the timing.
+    ``fp32``: the first step's loss alone, no gradient."""
+    packed = MODES[mode][0]
+    model, used, context = _model(config, mode, attn, device)
     rng = np.random.default_rng(0)
     data = [_batches(lens, packed, buckets, slots, config.vocab_size, rng, device) for lens in steps]
+    if mode == "fp32":
+        with context, torch.no_grad():
+            total = sum(n for _, n in data[0])
+            loss = sum(float(model(**batch).loss) * n / total for batch, n in data[0])
+        return {"mode": mode, "losses": [round(loss, 4)]}
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    model.train()
     shapes = {tuple(b["input_ids"].shape): (b, n) for micro in data for b, n in micro}
-    t = time.perf_counter()
-    for batch, n in shapes.values():
-        _step(model, [(batch, n)])
-    opt.zero_grad(set_to_none=True)
-    _sync(device)
-    warmup = time.perf_counter() - t
-    if device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    losses = []
-    start = time.perf_counter()
-    for micro in data:
-        losses.append(round(_step(model, micro), 4))
-        opt.step()
+    with context:
+        t = time.perf_counter()
+        for batch, n in shapes.values():
+            _step(model, [(batch, n)])
         opt.zero_grad(set_to_none=True)
-    _sync(device)
-    seconds = time.perf_counter() - start
+        _sync(device)
+        warmup = time.perf_counter() - t
+        if device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        losses = []
+        start = time.perf_counter()
+        for micro in data:
+            losses.append(round(_step(model, micro), 4))
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        _sync(device)
+        seconds = time.perf_counter() - start
     tokens = sum(sum(lens) for lens in steps)
-    row = {"mode": mode, "attn": attn, "layers": used, "steps": len(steps),
+    row = {"mode": mode, "attn": attn if packed else "sdpa", "layers": used, "steps": len(steps),
            "micro_batches": sum(len(m) for m in data), "shapes": sorted(shapes), "warmup_seconds": round(warmup, 1),
            "tokens": tokens, "slots_with_pad": sum(b["input_ids"].numel() for m in data for b, _ in m),
            "seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds), "losses": losses,
            "params_b": round(sum(p.numel() for p in model.parameters()) / 1e9, 3),
            "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1) if device == "cuda" else None}
-    print(json.dumps(row), flush=True)
     del model, opt
     if device == "cuda":
         torch.cuda.empty_cache()
@@ -336,57 +413,102 @@ def save(results: dict, path: str) -> None:
 T0 = time.perf_counter()
 
 
-def speed(args, attn: str, results: dict) -> None:
-    """Packed and padded training of the same steps, from the same weights: tokens/s and every step's loss."""
-    use_path("fla")
+def _ratios(rows: dict) -> dict:
+    """Packed over each other mode (tokens/s), and the largest step-loss difference over the steps both ran."""
+    out = {}
+    for mode, row in rows.items():
+        for base in ("packed", "packed_fallback_longest"):
+            if mode != base and base in rows and "tokens_per_s" in row and "tokens_per_s" in rows[base]:
+                out[f"{base}_over_{mode}"] = round(rows[base]["tokens_per_s"] / row["tokens_per_s"], 2)
+        if mode != "packed" and "packed" in rows and "losses" in row and "losses" in rows["packed"]:
+            pairs = list(zip(rows["packed"]["losses"], row["losses"]))
+            out[f"loss_max_abs_diff_packed_vs_{mode}"] = round(max(abs(a - b) for a, b in pairs), 4)
+    return out
+
+
+def speed(args, attn: str, results: dict, lengths: str) -> None:
+    """Packed and padded training of the same steps, from the same weights: tokens/s and every step's loss, for
+    each model and row length."""
     tiny = args.device == "cpu"
-    steps = steps_of(args.max_len, args.steps, np.random.default_rng(0))
     buckets = [int(b) for b in args.buckets.split(",")]
-    for mode in args.modes.split(","):
-        packed = mode == "packed"
-        print(json.dumps({"start": mode, "t": round(time.perf_counter() - T0, 1)}), flush=True)
-        try:
-            row = throughput(qwen3_5_1b(tiny), steps, mode, attn if packed else "sdpa",
-                             [args.max_len] if mode == "padded_max" else buckets, args.slots or 4 * args.max_len,
-                             args.device)
-            results["speed"].append(row)
-        except Exception as exc:  # an out-of-memory padded mode is a result too
-            results["speed"].append({"mode": mode, "error": f"{type(exc).__name__}: {exc}"[:2000]})
-            print(json.dumps(results["speed"][-1]), flush=True)
-        save(results, args.out)
-    done = {r["mode"]: r for r in results["speed"] if "tokens_per_s" in r}
-    if {"packed", "padded"} <= set(done):
-        pk, pd = done["packed"], done["padded"]
-        results["packed_over_padded"] = round(pk["tokens_per_s"] / pd["tokens_per_s"], 2)
-        results["loss_max_abs_diff"] = round(max(abs(a - b) for a, b in zip(pk["losses"], pd["losses"])), 4)
-    if {"packed", "padded_max"} <= set(done):
-        ratio = done["packed"]["tokens_per_s"] / done["padded_max"]["tokens_per_s"]
-        results["packed_over_padded_max"] = round(ratio, 2)
-    print(json.dumps({k: v for k, v in results.items() if k.startswith(("packed_over", "loss_max"))}), flush=True)
-    save(results, args.out)
+    for name in args.models.split(","):
+        for max_len in (int(n) for n in lengths.split(",")):
+            steps = steps_of(max_len, args.steps, np.random.default_rng(0))
+            rows = {}
+            for mode in args.modes.split(","):
+                label = {"model": name, "max_len": max_len, "mode": mode}
+                todo = steps[:args.steps_padded_max] if mode == "padded_max" else steps
+                row = guarded(lambda: throughput(
+                    SPEED_MODELS[name](tiny), todo, mode, attn, [max_len] if mode == "padded_max" else
+                    [b for b in buckets if b < max_len] + [max_len], args.slots or max(16384, max_len), args.device),
+                    args.part_timeout, label)
+                rows[mode] = {**label, **row}
+                results["speed"].append(rows[mode])
+                print(json.dumps(rows[mode]), flush=True)
+                save(results, args.out)
+                if args.device == "cuda":
+                    torch.cuda.empty_cache()
+            results["ratios"].append({"model": name, "max_len": max_len, **_ratios(rows)})
+            print(json.dumps(results["ratios"][-1]), flush=True)
+            save(results, args.out)
+
+
+def prune_autotuning(keep: int) -> None:
+    """Triton autotunes a kernel by compiling and timing each of its configs on first use (minutes for fla on
+    an empty cache): keep the ``keep`` nearest 4 warps and 2 stages, the next if one does not fit the GPU."""
+    from triton.runtime import autotuner, errors
+
+    run = autotuner.Autotuner.run
+
+    def pruned(self, *args, **kwargs):
+        if not hasattr(self, "_ranked"):
+            self._ranked = sorted(self.configs, key=lambda c: (abs(c.num_warps - 4), abs(c.num_stages - 2)))
+            self.configs = self._ranked[:keep]
+        while True:
+            try:
+                return run(self, *args, **kwargs)
+            except errors.OutOfResources:
+                if len(self._ranked) <= keep:
+                    raise
+                self._ranked = self._ranked[keep:]
+                self.configs = self._ranked[:keep]
+
+    autotuner.Autotuner.run = pruned
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", default="speed,grads", help="the parts, run in this order")
+    parser.add_argument("--part", default="speed,grads", help="the parts, run in this order; speed@N: the speed "
+                        "part at row length N alone")
     parser.add_argument("--families", default=",".join(FAMILIES))
     parser.add_argument("--paths", default="fla,fallback")
     parser.add_argument("--family-timeout", type=int, default=240, help="grads: seconds for one family and path")
-    parser.add_argument("--modes", default="packed,padded", help="speed: packed, padded (to --buckets), padded_max "
-                        "(every sequence padded to --max-len)")
-    parser.add_argument("--steps", type=int, default=12, help="speed: timed optimizer steps per mode")
-    parser.add_argument("--max-len", type=int, default=4096)
-    parser.add_argument("--buckets", default="512,1024,2048,4096", help="speed: the lengths padded batches pad to")
-    parser.add_argument("--slots", type=int, default=0, help="speed: padded tokens a micro-batch (0: 4x --max-len)")
+    parser.add_argument("--models", default="qwen3_5,bamba", help="speed: " + ", ".join(SPEED_MODELS))
+    parser.add_argument("--modes", default="fp32,packed,padded,padded_max,packed_fallback,packed_fallback_longest",
+                        help="speed: " + ", ".join(MODES))
+    parser.add_argument("--steps", type=int, default=6, help="speed: timed optimizer steps per mode")
+    parser.add_argument("--steps-padded-max", type=int, default=2, help="speed: of those, how many padded_max runs")
+    parser.add_argument("--max-len", default="4096,16384", help="speed: row lengths")
+    parser.add_argument("--buckets", default="512,1024,2048,4096,8192", help="speed: the lengths padded batches pad "
+                        "to (below the row length; the row length is the last)")
+    parser.add_argument("--slots", type=int, default=0, help="speed: padded tokens a micro-batch (0: the row "
+                        "length, at least 16384)")
+    parser.add_argument("--part-timeout", type=int, default=240, help="speed: seconds for one model, length, mode")
+    parser.add_argument("--autotune-configs", type=int, default=0, help="compile this many configs a Triton "
+                        "kernel (0: all, as Triton does)")
     parser.add_argument("--device", default="cuda", help="cpu: a smoke run (a tiny speed model)")
     parser.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "gpu_hybrid.json"))
     args = parser.parse_args()
     attn = register_varlen_attention() or "sdpa"
-    results = {**versions(), "args": vars(args), "grads": [], "speed": []}
+    for family in FAMILIES:  # transformers' torch functions, read before any register_packed_layers replaces them
+        _torch_functions(_tiny(family, "meta"))
+    if args.autotune_configs:
+        prune_autotuning(args.autotune_configs)
+    results = {**versions(), "args": vars(args), "grads": [], "speed": [], "ratios": []}
     print(json.dumps(results), flush=True)
     for part in args.part.split(","):
-        if part == "speed":
-            speed(args, attn, results)
+        if part.startswith("speed"):
+            speed(args, attn, results, part.partition("@")[2] or args.max_len)
         elif part == "grads":
             gradient_rows(args.families.split(","), args.paths.split(","), attn, args.device, args.family_timeout,
                           results, args.out)

@@ -1,10 +1,12 @@
 """The batched torch fallback for packed rows in recurrent and convolutional layers (``packprep.training.restarts``).
 
 transformers' own torch functions (short causal convolution, chunked gated delta rule, chunked Mamba-2 scan) on
-literal random tensors, float32, CPU: the whole packed row in one call equals each sequence run through the
-same function alone, outputs and gradients; a row whose sequences end on, just before and just after a chunk
-boundary, and a sequence of one token. And the fallback does not loop over sequences: a model's forward and
-backward run the same number of operations for a row of 2 sequences as for a row of 8.
+literal random tensors, float32, CPU: the whole packed row in one call (a scan: a call a wave) equals each
+sequence run through the same function alone, outputs and gradients; a row whose sequences end on, just
+before and just after a chunk boundary, and a sequence of one token; and the same row in rows shorter than
+its sequences, which the scans then run in pieces, a call a wave, each piece from the state its previous
+piece ended with. And the fallback does not loop over sequences: a model's forward and backward run the
+same number of operations for a row of 2 sequences as for a row of 8.
 """
 
 from __future__ import annotations
@@ -55,12 +57,26 @@ def test_convolution_window_starts_at_each_sequence():
     assert_same(packed, alone, [x, weight, bias])
 
 
-def test_gated_delta_rule_state_restarts_at_each_sequence():
+ROWS = [restarts.ROW, 32]  # rows longer than every sequence; rows of 2 chunks of 16, most sequences in pieces
+
+
+def test_short_rows_cut_the_sequences_into_waves():
+    """The row of 32 tokens is what the tests below run: 5 waves, sequences of one piece in the later ones."""
+    scan = restarts.scan_layout(CU, 16, 32)
+    assert len(scan.waves) == 5 and [int((w.carry >= 0).sum()) for w in scan.waves] == [0, 4, 3, 2, 1]
+    assert len(restarts.scan_layout(CU, 16).waves) == 1
+
+
+@pytest.mark.parametrize("row", ROWS)
+@pytest.mark.parametrize("chunk", [16, None])
+def test_gated_delta_rule_state_restarts_at_each_sequence(monkeypatch, row, chunk):
+    monkeypatch.setattr(restarts, "ROW", row)
     query, key, value, a, b = leaves((1, T, 2, 16), (1, T, 2, 16), (1, T, 4, 16), (1, T, 4), (1, T, 4))
     g, beta = -torch.nn.functional.softplus(a), b.sigmoid()  # log-decays <= 0, rates in (0, 1)
-    packed, state = restarts.gated_delta_rule(GATED_DELTA, query, key, value, g, beta, CU,
+    packed, state = restarts.gated_delta_rule(GATED_DELTA, query, key, value, g, beta, CU, chunk_size=chunk or 64,
                                               use_qk_l2norm_in_kernel=True)
-    alone = each_alone(lambda q, k, v, g_, b_: GATED_DELTA(q, k, v, g=g_, beta=b_, use_qk_l2norm_in_kernel=True)[0],
+    alone = each_alone(lambda q, k, v, g_, b_: GATED_DELTA(q, k, v, g=g_, beta=b_, chunk_size=chunk or 64,
+                                                           use_qk_l2norm_in_kernel=True)[0],
                        [query, key, value, g, beta], 1)
     assert state is None
     assert_same(packed, alone, [query, key, value, a, b])
@@ -105,8 +121,10 @@ def test_the_torch_function_is_found_under_any_wrapper(wrap):
     assert_same(packed, alone, [query, key, value, a, b])
 
 
+@pytest.mark.parametrize("row", ROWS)
 @pytest.mark.parametrize("dt_limit", [(0.0, float("inf")), (0.001, 0.1)])
-def test_mamba2_scan_state_restarts_at_each_sequence(dt_limit):
+def test_mamba2_scan_state_restarts_at_each_sequence(monkeypatch, row, dt_limit):
+    monkeypatch.setattr(restarts, "ROW", row)
     x, dt, a_log, B, C, D, dt_bias = leaves((1, T, 4, 8), (1, T, 4), (4,), (1, T, 1, 16), (1, T, 1, 16), (4,), (4,))
     A = -a_log.exp()
     named = dict(D=D, dt_bias=dt_bias, dt_softplus=True, dt_limit=dt_limit)
@@ -129,9 +147,14 @@ def test_layouts():
     cu = torch.tensor([0, 3, 4, 9])
     conv = restarts.gapped(cu, 2)
     assert conv.index.tolist() == [0, 1, 2, 5, 8, 9, 10, 11, 12] and conv.length == 13
-    scan = restarts.chunked(cu, 4)  # 1, 1 and 2 chunks: the longest in row 0, the two others in row 1
+    (scan,) = restarts.scan_layout(cu, 4).waves  # 1, 1 and 2 chunks: the longest in row 0, the two others in row 1
     assert scan.index.tolist() == [8, 9, 10, 12, 0, 1, 2, 3, 4] and scan.wipes.tolist() == [11, 15, 7]
-    assert (scan.length, scan.rows) == (16, 2)
+    assert (scan.length, scan.rows, scan.carry.tolist()) == (16, 2, [-1, -1])
+    first, second = restarts.scan_layout(cu, 4, 4).waves  # rows of one chunk: the longest in two pieces
+    assert first.tokens.tolist() == list(range(8)) and first.index.tolist() == [4, 5, 6, 8, 0, 1, 2, 3]
+    assert first.wipes.tolist() == [7, 11] and (first.rows, first.carry.tolist()) == (3, [-1, -1, -1])
+    assert second.tokens.tolist() == [8] and second.index.tolist() == [0] and second.wipes.tolist() == [3]
+    assert second.carry.tolist() == [0]
 
 
 class OpCount(TorchDispatchMode):

@@ -9,8 +9,8 @@ optional kernel packages, those functions refuse the boundaries or ignore them.
 :func:`register_packed_layers` puts packprep's own functions in their place, in the modeling module of
 each covered layer of the given model. With sequence boundaries in the call they keep sequences apart:
 flash-linear-attention's varlen kernels on a CUDA tensor when ``fla`` is installed, else transformers'
-own torch function, called once on the whole row laid out so that each sequence restarts (``restarts``:
-exact, the computation of the sequence alone).
+own torch function, called on the whole row laid out so that each sequence restarts (``restarts``: exact,
+the computation of the sequence alone; a scan once for each wave of rows of at most ``restarts.ROW`` tokens).
 Without boundaries they are transformers' functions. A model with a stateful layer type packprep does
 not cover is refused, naming it.
 """
@@ -31,7 +31,7 @@ from ..errors import transformers_lacks
 from .layers import BY_CLASS, LayerType, layer_type_of, stateful_layers
 
 _MARK = "_packprep_packed"
-FALLBACK = "transformers' torch functions, the whole packed row in one call"
+FALLBACK = "transformers' torch functions on the packed row, restarted at each sequence"
 
 
 def fla_available() -> bool:

@@ -489,8 +489,8 @@ def _refusing_forward(model, batch, head: str):
         raise PackingIsolationError(
             head + f"transformers refuses the batch's sequence boundaries in the model's {', '.join(kinds)} layers "
             f"({exc}). Call packprep.training.register_packed_layers(model) before training: it keeps these layers' "
-            "packed sequences apart without the kernel (exact, the whole row in one call) or with flash-linear-attention "
-            "on a GPU.") from exc
+            "packed sequences apart without the kernel (exact, transformers' torch functions on the whole row) or with "
+            "flash-linear-attention on a GPU.") from exc
 
 
 def _decoder_parts(model) -> list[tuple[str, torch.nn.Module]]:
