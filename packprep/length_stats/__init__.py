@@ -100,16 +100,10 @@ def stats(
 
     run = RunOptions(num_proc=num_proc)
     paths = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
-    if len(paths) == 1 and (vision := load_vision_manifest(paths[0])) is not None:
-        return folder_report(vision)
-    if len(paths) == 1 and is_packed_folder(paths[0]) and mix is None:
-        return stats_folder(paths[0], global_batch_size=global_batch_size, epochs=epochs, dp_size=dp_size,
-                            rows_per_step=rows_per_step, model_config=settings.get("model_config"))
-    if not tokenizer:
-        raise ConfigError("--tokenizer is required for input files (only a packed folder, holding "
-                          "packprep.json, needs none)")
-    if has_image_processor(tokenizer):  # conversations with images (docs/vision.md)
-        return stats_vision([str(p) for p in paths], tokenizer, list(max_lens or DEFAULT_MAX_LENS), settings)
+    report = _read_otherwise(paths, tokenizer, max_lens, mix, settings, global_batch_size=global_batch_size,
+                             epochs=epochs, dp_size=dp_size, rows_per_step=rows_per_step)
+    if report is not None:
+        return report
     max_lens, strategies = check_what_if(DEFAULT_MAX_LENS if max_lens is None else max_lens,
                                          DEFAULT_STRATEGIES if strategies is None else strategies, global_batch_size,
                                          epochs, settings.get("overlong", "truncate"), settings.get("samples_per_row"))
@@ -151,6 +145,21 @@ def stats(
         "what_if": _what_if_section(config, global_batch_size, epochs, dp_size, rows_per_step, cost, table),
         **({"mixture": mixed} if mixture is not None else {}),
     }
+
+
+def _read_otherwise(paths, tokenizer, max_lens, mix, settings, **folder) -> dict | None:
+    """The report of a packed folder, or of conversations with images (docs/vision.md), which are read their own
+    way; None for text inputs, after checking that a tokenizer is given for them."""
+    if len(paths) == 1 and (vision := load_vision_manifest(paths[0])) is not None:
+        return folder_report(vision)
+    if len(paths) == 1 and is_packed_folder(paths[0]) and mix is None:
+        return stats_folder(paths[0], **folder, model_config=settings.get("model_config"))
+    if not tokenizer:
+        raise ConfigError("--tokenizer is required for input files (only a packed folder, holding "
+                          "packprep.json, needs none)")
+    if has_image_processor(tokenizer):
+        return stats_vision([str(p) for p in paths], tokenizer, list(max_lens or DEFAULT_MAX_LENS), settings)
+    return None
 
 
 def _length_sections(lengths, supervised, turns, max_lens) -> dict:
