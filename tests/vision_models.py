@@ -65,6 +65,9 @@ def family(name: str, attn: str = "sdpa"):
     config, cls, processor, kwargs = FAMILIES[name]()
     torch.manual_seed(0)
     model = cls._from_config(config, attn_implementation=attn, dtype=torch.float32).eval()
+    for weight in model.parameters():  # Gemma 3's projection starts at zero: images would not show
+        if weight.dim() == 2 and not weight.any():
+            torch.nn.init.normal_(weight, std=0.5)
     return model, processor, {"image_token_id": IMAGE, **kwargs}
 
 
