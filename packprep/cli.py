@@ -237,7 +237,10 @@ _VALIDATION_SIZE = click.option("--validation-size", default=None, type=float, m
 
 @main.command(epilog=EXIT_CODES_HELP)
 @click.argument("inputs", nargs=-1)
-@click.option("--tokenizer", "-t", required=True, help="Tokenizer folder or Hub id (with a chat template).")
+@click.option("--tokenizer", "-t", required=True, help="Tokenizer folder or Hub id (with a chat template). A folder "
+              "with the model's processor files packs conversations with images (docs/vision.md).")
+@click.option("--embed-images", is_flag=True, help="With a processor folder: store each image's bytes in its row "
+              "(a self-contained folder for a Hub upload) [default: path and sha256 only].")
 @click.option("--output", "-o", required=True, type=click.Path(file_okay=False), help="Output folder.")
 @click.option("--max-len", default=DEFAULT.max_len, show_default=True, type=int, help="Tokens per packed row.")
 @click.option("--strategy", default=DEFAULT.strategy, show_default=True, type=click.Choice(STRATEGIES),
@@ -293,6 +296,7 @@ def pack(inputs, tokenizer, output, format_, num_proc, engine, ray_address, push
       packprep pack --mix mix.yaml -t ./llama3 --validation-size 0.02 -o packed/
       packprep pack chats.jsonl -t ./qwen3 --template-arg enable_thinking=false -o packed/
       packprep pack chats.jsonl -t ./llama-3.2 --date 2025-01-31 --reasoning drop -o packed/
+      packprep pack conversations.jsonl -t ./qwen25vl-folder --max-len 8192 -o packed/
     """
     if push_to:  # a bad token or no network fails before the packing work, not after
         from .hub_upload import check_credentials

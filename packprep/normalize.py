@@ -176,8 +176,27 @@ def normalize(record: Any, fmt: str, fields: FieldNames = FieldNames(), policy: 
     return fit(conversation, policy)
 
 
+IMAGE_FIELDS = ("images", "image")  # ShareGPT/LLaVA and datasets: a record's images beside its turns
+NO_PROCESSOR = ("the tokenizer has no image processor, and an image is never trained as if it were not there: "
+                "pass the model's folder with its processor files (preprocessor_config.json) as --tokenizer")
+
+
+def record_images(record: Any) -> list:
+    """The record-level image list (``images``, or one ``image``); [] when it has none."""
+    if not isinstance(record, dict):
+        return []
+    for key in IMAGE_FIELDS:
+        value = record.get(key)
+        if value is not None and value != [] and value != "":
+            return list(value) if isinstance(value, list) else [value]
+    return []
+
+
 def _chat(record: dict, key: str) -> Conversation:
     """ShareGPT or OpenAI messages, told apart per message (``from``/``value`` or ``role``/``content``)."""
+    images = record_images(record)
+    if images:
+        raise Rejected(f"the record carries {len(images)} image(s); {NO_PROCESSOR}", "images_without_processor")
     turns = _turn_list(record, key)
     messages = []
     system = record.get("system")
@@ -475,12 +494,14 @@ def _turn_list(record: dict, key: str) -> list:
 
 
 def _content(value: Any, number: int) -> str:
-    """OpenAI content: a string, or a list of text parts (other part types are rejected)."""
+    """OpenAI content: a string, or a list of text parts (an image part, or any other, is rejected)."""
     if isinstance(value, list):
         texts = []
         for part in value:
             if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
                 texts.append(part["text"])
+            elif isinstance(part, dict) and part.get("type") in ("image", "image_url"):
+                raise Rejected(f"message {number} has an image part; {NO_PROCESSOR}", "images_without_processor")
             else:
                 raise Rejected(f"message {number} has a content part that is not text: {str(part)[:60]}", "wrong_type")
         return "".join(texts)

@@ -26,6 +26,9 @@ from .ledger import Ledger, top_reasons
 from .engines import TASKS_PER_WORKER, Engine, LocalEngine, make_engine, runs_per_item
 from .errors import ConfigError, InputError
 from .fates import FATES, PACKED, REJECTED, SPLIT, UNSAMPLED
+from .vision.check import load_manifest as load_vision_manifest, verify_vision
+from .vision.processor import has_image_processor
+from .vision.run import check_settings, pack_vision
 from .layout import DEFAULT_LAYOUT, FILES, TREE_LAYOUT, LayoutContext, get_layout, readable_layout
 from .materialize import PackSink, Segments, TokenStore
 from .normalize import CHANGES
@@ -67,6 +70,8 @@ def pack(
     ``settings`` are the fields of :class:`PackConfig` (``max_len``, ``strategy``, ``seed``, ...).
     ``layout``: the training stack the shards are laid out for (``packprep.layout``); the writers
     make canonical rows, check them and write them converted to it, once.
+    A tokenizer folder that also holds an image processor packs conversations with images
+    (``packprep.vision``; ``embed_images=True`` stores each image's bytes in its row).
     ``mix``: a mixture file (YAML or JSON) of sources with weights or shares, beside ``inputs`` at
     weight 1; ``validation_size``: a fraction, or a number of records, held out as the
     ``validation`` split (``packprep.mix``, ``packprep.split``).
@@ -74,8 +79,15 @@ def pack(
     stages on a Ray cluster (``ray_address``, or a local instance; inputs and ``output`` on a file
     system every node sees) and gives the same bytes as ``"local"``.
     """
+    embed_images = settings.pop("embed_images", False)
     config = PackConfig.from_settings(settings)
     run = RunOptions(engine, num_proc, ray_address)
+    if has_image_processor(tokenizer):  # conversations with images: the model's processor (docs/vision.md)
+        check_settings(config, layout, bool(mix or validation_size))
+        folder = OutputFolder(output, overwrite)
+        folder.check()
+        sources = open_inputs([inputs] if isinstance(inputs, str) else list(inputs), None, None)[0]
+        return pack_vision(sources, tokenizer, config, folder, embed_images=embed_images, progress=progress)
     layout = _split_layout(layout, bool(validation_size), config.shared_prefix)
     sources, mixture = open_inputs([inputs] if isinstance(inputs, str) else list(inputs), mix, validation_size)
     folder = OutputFolder(output, overwrite)
@@ -451,6 +463,9 @@ def check_shards(context: ShardContext, shards: list[dict], engine: Engine, work
 def verify_folder(folder, num_proc: int | None = None, engine: Engine | None = None, **options) -> Report:
     """:func:`packprep.verification.verify` with the shards checked on ``engine`` (default: a local one of
     ``num_proc`` workers, all cores by default, closed after); the report is the same with any."""
+    vision = load_vision_manifest(folder)
+    if vision is not None:  # conversations with images: their rows and images (docs/vision.md)
+        return verify_vision(folder, vision, options.get("check_hashes", True))
     runner = engine or make_engine("local", RunOptions(num_proc=num_proc).num_proc)
     try:
         return verify(folder, checker=partial(check_shards, engine=runner), **options)

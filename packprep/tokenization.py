@@ -12,7 +12,7 @@ import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -214,14 +214,18 @@ class ChatEncoder:
             raise Rejected(f"the chat template did not finish rendering this record in {self.render_timeout:g} s "
                            "(--render-timeout)", "render_timeout") from None
 
-    def encode(self, conversations: Sequence[Conversation]) -> list[Encoded | Rejected]:
-        """Encode a batch; a conversation that cannot be encoded becomes a ``Rejected`` in place."""
+    def encode(self, conversations: Sequence[Conversation],
+               expand: Callable[[int, Rendered], Rendered] | None = None) -> list[Encoded | Rejected]:
+        """Encode a batch; a conversation that cannot be encoded becomes a ``Rejected`` in place.
+        ``expand(position, rendered)``: the rendering rewritten before it is tokenized (the image
+        placeholders a processor expands, packprep.vision), or Rejected."""
         results: list[Any] = [None] * len(conversations)
         rendered: list[Rendered] = []
         where: list[int] = []
         for position, conversation in enumerate(conversations):
             try:
-                rendered.append(self.render(conversation))
+                r = self.render(conversation)
+                rendered.append(r if expand is None else expand(position, r))
                 where.append(position)
             except Rejected as exc:
                 results[position] = exc

@@ -71,9 +71,17 @@ WORLD = {
     "qwen3": _template("qwen3"),
     "Qwen3-8B": _template("qwen3"),
     "Llama-3.2-3B-Instruct": _template("llama-3.2"),
+    "qwen25vl-folder": lambda dest: _vision().build("qwen2.5-vl", dest),  # Qwen2.5-VL's processor (tests/vision)
+    "conversations.jsonl": lambda dest: _vision().conversation_set(dest.parent, 4),  # with drawn images/
     "examples": _link(REPO / "examples"),
     "benchmarks": _link(REPO / "benchmarks"),
 }
+
+
+def _vision():
+    from . import vision_folders
+
+    return vision_folders
 
 
 def _tokenizer():

@@ -44,6 +44,8 @@ from ..engines import make_engine
 from ..errors import ConfigError
 from ..normalize import CHANGES
 from ..settings import PackConfig, RunOptions, check_batches, check_model_config, check_steps, check_what_if
+from ..vision.processor import has_image_processor
+from ..vision.summary import stats_vision
 from .collect import collect_folder, collect_inputs, distribution, log_histogram, turn_context_costs
 from .mixture import mixture_what_if
 from .plot import plot, require_matplotlib
@@ -103,6 +105,8 @@ def stats(
     if not tokenizer:
         raise ConfigError("--tokenizer is required for input files (only a packed folder, holding "
                           "packprep.json, needs none)")
+    if has_image_processor(tokenizer):  # conversations with images (docs/vision.md)
+        return stats_vision([str(p) for p in paths], tokenizer, list(max_lens or DEFAULT_MAX_LENS), settings)
     max_lens, strategies = check_what_if(DEFAULT_MAX_LENS if max_lens is None else max_lens,
                                          DEFAULT_STRATEGIES if strategies is None else strategies, global_batch_size,
                                          epochs, settings.get("overlong", "truncate"), settings.get("samples_per_row"))

@@ -124,6 +124,10 @@ def render_text(report: dict) -> str:
     """Draw a :func:`stats` or :func:`stats_folder` report for a terminal; every line fits 80 columns."""
     if report.get("kind") == "packed":
         return _render_folder(report)
+    if report.get("kind") == "vision":
+        from ..vision.summary import render
+
+        return render(report)
     lines = []
     names = ", ".join(Path(i["path"]).name for i in report["inputs"])
     if len(names) > WIDTH - 8:
