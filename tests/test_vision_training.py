@@ -202,8 +202,12 @@ def test_token_count_the_processor_no_longer_gives_is_refused(setup):
     row = copy.deepcopy(rows[0])
     image = row["images"][0]
     ids = np.asarray(row["input_ids"])
-    ids[image["start"]] = 1  # one image token fewer than the processor's count
+    ids[image["start"]] = 1  # one image token fewer than the images account for
     row["input_ids"] = ids.tolist()
+    with pytest.raises(VisionRowError, match="image tokens in input_ids"):
+        collator([row])
+    row = copy.deepcopy(rows[0])
+    row["images"][0]["length"] += 1
     with pytest.raises(VisionRowError, match="processor now gives"):
         collator([row])
 

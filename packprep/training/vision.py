@@ -42,6 +42,9 @@ def load_image_bytes(image: Mapping[str, Any], image_root: str | os.PathLike | N
     """The image's bytes (embedded ``data``, else ``source`` resolved against ``image_root``), sha256-checked."""
     data, source = _field(image, "data"), _field(image, "source")
     if data is None:
+        if source and source.startswith("bytes:"):
+            raise VisionRowError(f"{where}: the input held this image as bytes and the row does not embed them: "
+                                 "pack with --embed-images")
         if not source:
             raise VisionRowError(f"{where}: the image has neither embedded data nor a source path")
         path = source[len("file://"):] if source.startswith("file://") else source
@@ -131,27 +134,28 @@ class VisionCollator:
 
     def image_inputs(self, row: Mapping[str, Any], r: int = 0) -> dict:
         """``pixel_values`` (and the family's other image inputs) of one row's images, in row order."""
-        return join_image_outputs(self._images(row, _as_np(row["input_ids"]), r))
+        return join_image_outputs(self._images(row, None, r))
 
-    def _images(self, row: Mapping[str, Any], ids: np.ndarray, r: int) -> list[dict]:
-        """The image processor's output for each image of the row, in row order, token counts checked."""
+    def _images(self, row: Mapping[str, Any], ids: np.ndarray | None, r: int) -> list[dict]:
+        """The image processor's output for each image of the row, in row order, token counts checked (with
+        ``ids``, the row's tokens, also that its images account for all of its image tokens)."""
         images = sorted(list(row.get("images") or ()), key=lambda image: int(_field(image, "start")))
         outs = []
         for k, image in enumerate(images):
             where = f"row {r}, image {k} ({_field(image, 'source')!r})"
             pil = _open_rgb(load_image_bytes(image, self.image_root, where), where)
             out = self.image_processor(images=[pil], return_tensors="pt")
-            start, length = int(_field(image, "start")), int(_field(image, "length"))
-            got = int((ids[start : start + length] == self.image_token_id).sum())
             want = self._token_count(out)
-            if want is not None and got != want:
-                raise VisionRowError(f"{where}: the row holds {got} image tokens for it but the processor now gives "
-                                     f"{want} (changed resizing settings?): pack again with this processor")
+            if want is not None and int(_field(image, "length")) != want:
+                raise VisionRowError(f"{where}: the row holds {int(_field(image, 'length'))} image tokens for it but "
+                                     f"the processor now gives {want} (changed resizing settings?): pack again with "
+                                     "this processor")
             outs.append(out)
-        n_tokens = int((ids == self.image_token_id).sum())
-        if n_tokens and not images:
-            raise VisionRowError(f"row {r}: {n_tokens} image tokens but no images column (dropped by the trainer? "
-                                 "set remove_unused_columns=False)")
+        n_tokens = None if ids is None else int((ids == self.image_token_id).sum())
+        if n_tokens is not None and n_tokens != sum(int(_field(image, "length")) for image in images):
+            raise VisionRowError(f"row {r}: {n_tokens} image tokens in input_ids, but its images column accounts for "
+                                 f"{sum(int(_field(image, 'length')) for image in images)}" + (
+                                     " (dropped by the trainer? set remove_unused_columns=False)" if not images else ""))
         return outs
 
     def _token_count(self, out) -> int | None:
