@@ -40,7 +40,7 @@ IMAGE, START, END, PATCH = 151655, 151652, 151653, 14 * 14 * 3 * 2
 
 
 def qwen_config(shape: str):
-    import transformers
+    from transformers.models.qwen2_5_vl import configuration_qwen2_5_vl as configuration
 
     if shape == "2b":  # Qwen2-VL-2B's text shape, Qwen2.5-VL's vision tower
         text = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
@@ -54,7 +54,7 @@ def qwen_config(shape: str):
     head = text["hidden_size"] // text["num_attention_heads"] // 2
     section = [head - 2 * (3 * head // 8), 3 * head // 8, 3 * head // 8]
     text["rope_parameters"] = {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": section}
-    return transformers.Qwen2_5_VLConfig(text_config=text, vision_config=vision, image_token_id=IMAGE,
+    return configuration.Qwen2_5_VLConfig(text_config=text, vision_config=vision, image_token_id=IMAGE,
                                          vision_start_token_id=START, vision_end_token_id=END, initializer_range=0.02)
 
 
@@ -177,11 +177,11 @@ def on_device(batch: dict, device, dtype) -> dict:
 
 
 def build_model(config, attn: str, device, dtype, seed: int = 0):
-    import transformers
+    from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as modeling
 
     torch.manual_seed(seed)
     with torch.device(device):
-        model = transformers.Qwen2_5_VLForConditionalGeneration._from_config(
+        model = modeling.Qwen2_5_VLForConditionalGeneration._from_config(
             config, attn_implementation={"text_config": attn, "vision_config": "sdpa", "": "sdpa"}, dtype=dtype)
     model.config.use_cache = False
     return model
@@ -197,6 +197,7 @@ def train(model, batches, device, dtype, lr: float, warmup: int, checkpointing: 
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    warmup = min(warmup, len(batches) - 1)
     loss_sum, tokens, timed_tokens, start = 0.0, 0, 0, None
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()

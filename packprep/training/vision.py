@@ -76,8 +76,8 @@ def _open_rgb(data: bytes, where: str):
 class VisionCollator:
     """``collator(rows)``: packed vision rows as one ``(1, T)`` batch (see the module docstring).
 
-    ``processor``: the model's ``AutoProcessor`` (its ``image_processor`` is run), or an image processor
-    with ``image_token_id`` given. ``image_root``: the folder relative ``source`` paths are resolved in.
+    ``processor``: the model's ``AutoProcessor`` (its ``image_processor`` is run) or its folder, or an image
+    processor with ``image_token_id`` given. ``image_root``: the folder relative ``source`` paths are resolved in.
     ``token_type_ids``: emit them (default: when the processor's ``model_input_names`` has them, as
     Gemma 3's does). ``tokens_per_image``: image tokens per image (or per tile), to check each image's count
     where the processor does not say (Qwen's grid does). ``model``: needed for Gemma 3's per-sequence masks (its config and attention).
@@ -87,6 +87,11 @@ class VisionCollator:
     def __init__(self, processor, *, model=None, image_root: str | os.PathLike | None = None,
                  image_token_id: int | None = None, token_type_ids: bool | None = None, tokens_per_image: int | None = None,
                  count: bool = False):
+        if isinstance(processor, (str, os.PathLike)):  # a processor folder, loaded as packprep pack loads it
+            from ..vision.processor import load_processor
+
+            processor = load_processor(os.fspath(processor))
+        self.processor = processor
         self.image_processor = getattr(processor, "image_processor", processor)
         self.image_token_id = image_token_id if image_token_id is not None else _image_token_id(processor)
         names = getattr(processor, "model_input_names", ()) or ()

@@ -81,25 +81,30 @@ def _to(value, device):
 
 def check_vision_pipeline(pipeline, model=None, data=None, *, collator: VisionCollator | None = None,
                           atol: float | None = None, rows: int = 1) -> dict:
-    """Run ``rows`` packed rows of ``data`` (a packprep output folder, or a list of stored rows) through
-    ``pipeline`` (a collate function, or a Trainer: its collator and device move) and ``model``; every packed
+    """Run ``rows`` packed rows of ``data`` (a packprep output folder, or a list of stored rows; default: a
+    trainer's ``train_dataset``) through ``pipeline`` (a collate function, or a Trainer: its column removal,
+    collator and device move, as ``train()`` feeds the model) and ``model``; every packed
     sequence's logits must equal the sequence run alone (see the module docstring), within ``atol`` (1e-3 in
     float32, else bf16 rounding). ``collator``: the ``VisionCollator`` whose image processor makes the
     reference's pixels (default: the pipeline itself, or the trainer's ``data_collator``). Raises
     :class:`PackingIsolationError` naming what differs; returns the largest difference and the losses."""
     trainer = pipeline if hasattr(pipeline, "data_collator") and hasattr(pipeline, "model") else None
     model = model if model is not None else getattr(trainer, "model", None)
-    if model is None or data is None:
+    if model is None or (data is None and trainer is None):
         raise TypeError("check_vision_pipeline needs the model and data= (an output folder or stored rows)")
     collate = trainer.data_collator if trainer is not None else pipeline
     collator = collator or (collate if isinstance(collate, VisionCollator) else None)
     if collator is None:
         raise TypeError("check_vision_pipeline needs collator=: the VisionCollator that makes the reference pixels")
+    if data is None:  # the trainer's own rows, as loaded
+        data = [trainer.train_dataset[i] for i in range(min(64, len(trainer.train_dataset)))]
     stored = read_vision_rows(data) if isinstance(data, (str, os.PathLike)) else list(data)
     picked = sorted(range(len(stored)), key=lambda i: -len(_row_seq_lens(stored[i])))[:rows]
-    batch = collate([stored[i] for i in picked])
-    device = next(model.parameters()).device
-    batch = trainer._prepare_inputs(batch) if trainer is not None else _to(batch, device)
+    if trainer is not None:  # its column removal, its collator, its device move: what train() feeds
+        examples = trainer._remove_unused_columns(trainer.train_dataset.select(picked), "check_vision_pipeline")
+        batch = trainer._prepare_inputs(collate(list(examples)))
+    else:
+        batch = _to(collate([stored[i] for i in picked]), next(model.parameters()).device)
     seqs = [seq for i in picked for seq in split_sequences(stored[i])]
     return _compare(collator, model, batch, seqs, atol)
 
