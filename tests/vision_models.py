@@ -145,3 +145,21 @@ def _rope_index(model, ids: list[int], grids: list[list[int]]) -> list[list[int]
     positions, _ = model.model.get_rope_index(tensor, mm_token_type_ids=(tensor == IMAGE).int(),
                                               image_grid_thw=torch.tensor(grids))
     return positions[:, 0].tolist()
+
+
+def tiny_qwen_vl(processor):
+    """A tiny random Qwen2.5-VL whose vocabulary and image tokens are the processor's."""
+    tokenizer = processor.tokenizer
+    ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in
+           [("video_token_id", "<|video_pad|>"), ("vision_start_token_id", "<|vision_start|>"),
+            ("vision_end_token_id", "<|vision_end|>")]}
+    config = transformers.Qwen2_5_VLConfig(
+        text_config=dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, initializer_range=0.5,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}),
+        vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+                           fullatt_block_indexes=[1], initializer_range=0.5),
+        image_token_id=processor.image_token_id, initializer_range=0.5, **ids)
+    torch.manual_seed(0)
+    return transformers.Qwen2_5_VLForConditionalGeneration._from_config(config, attn_implementation="sdpa",
+                                                                          dtype=torch.float32)
