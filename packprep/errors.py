@@ -29,7 +29,7 @@ EXIT_CODES_HELP = (
 
 
 # options that take no value: from Python they are a True argument
-FLAGS = {"overwrite", "accept-truncated", "private", "json", "quiet", "shared-prefix", "color"}
+FLAGS = {"overwrite", "accept-truncated", "private", "json", "quiet", "shared-prefix", "color", "embed-images"}
 _OPTION = re.compile(r"(?<![\w-])--([a-z][a-z0-9-]*)(?:[ =]([a-z][a-z0-9_]*)(?![\w.-]))?")
 _WORDS = re.compile(r"^(?:to|or|and|the|a|an|with|for|at|of|in|is|must|not|only|applies|apply|needs|re|orders|"
                     r"says|should|when|then|from|on|as|by|if|without|keeps|takes|names)$")

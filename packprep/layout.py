@@ -45,6 +45,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
 
 IGNORE_INDEX = -100
+VISION_LAYOUT = "packprep-vision"  # rows of conversations with images (packprep.vision.rows, docs/vision.md)
 INT32_MAX = 2**31 - 1
 
 
@@ -367,6 +368,9 @@ def get_layout(name: "str | Layout | None") -> Layout:
     if name == TREE_LAYOUT.name:  # written by --shared-prefix, never a --layout choice
         return TREE_LAYOUT
     layout = LAYOUTS.get(name or DEFAULT_LAYOUT)
+    if layout is None and name == VISION_LAYOUT:  # docs/vision.md: verify and stats read it
+        raise LayoutError("a packprep-vision folder (conversations with images) is read by verify and stats; "
+                          "inspect, export and repack do not read it")
     if layout is None:
         raise LayoutError(f"unknown layout {name!r}; choose one of {', '.join(LAYOUTS)}")
     return layout

@@ -87,7 +87,11 @@ def pack(
         folder = OutputFolder(output, overwrite)
         folder.check()
         sources = open_inputs([inputs] if isinstance(inputs, str) else list(inputs), None, None)[0]
-        return pack_vision(sources, tokenizer, config, folder, embed_images=embed_images, progress=progress)
+        runner = make_engine("local", run.num_proc)
+        try:
+            return pack_vision(sources, tokenizer, config, folder, embed_images=embed_images, engine=runner)
+        finally:
+            runner.close()
     layout = _split_layout(layout, bool(validation_size), config.shared_prefix)
     sources, mixture = open_inputs([inputs] if isinstance(inputs, str) else list(inputs), mix, validation_size)
     folder = OutputFolder(output, overwrite)

@@ -95,7 +95,7 @@ class FolderTokenizer:
         template_file = folder / "chat_template.jinja"
         self.chat_template = (  # several named templates: {name: template}, as transformers holds them
             template_file.read_text(encoding="utf-8") if template_file.is_file()
-            else named_templates(config.get("chat_template"), f"tokenizer {folder}")
+            else named_templates(config.get("chat_template") or _processor_template(folder), f"tokenizer {folder}")
         )
 
     @property
@@ -381,3 +381,13 @@ def snapshot_globals(template) -> None:
     environment's: every rendering copies them into its context, and copying the ChainMap cost 5 µs
     of the 20 µs a short conversation took. Nothing adds globals once a template is compiled."""
     template.globals = dict(template.globals)
+
+
+def _processor_template(folder: Path) -> str | None:
+    """The template of a processor folder's ``chat_template.json`` (vision models keep it there), if any."""
+    path = folder / "chat_template.json"
+    try:
+        value = json.loads(path.read_text(encoding="utf-8")).get("chat_template") if path.is_file() else None
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) else None

@@ -15,7 +15,10 @@ from PIL import Image
 import packprep
 from packprep.vision.processor import ImageTokens, load_processor
 
+from .conftest import needs_fixtures
 from .vision_folders import FAMILIES, build, conversation_set, draw_image
+
+pytestmark = [pytest.mark.slow, needs_fixtures]  # the fixtures' vocabularies and conversations
 
 
 @pytest.fixture(scope="module")
@@ -97,21 +100,25 @@ def test_qwen_rows_carry_each_sequences_own_rope_index(packed):
     assert sequences == len(expected) and "mrope_position_ids" not in packed["gemma3"][3][0]
 
 
-def test_the_cli_packs_a_processor_folder(tmp_path):
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_cli_packs_and_verifies_a_processor_folder(family, tmp_path):
     from click.testing import CliRunner
 
     from packprep.cli import main
 
     data, expected = conversation_set(tmp_path / "data", 3)
-    folder = build("qwen2.5-vl", tmp_path / "qwen25vl")
-    result = CliRunner().invoke(main, ["pack", str(data), "-t", str(folder), "--max-len", "2048", "-o",
-                                       str(tmp_path / "out"), "--embed-images"])
+    folder = build(family, tmp_path / family)
+    out = str(tmp_path / "out")
+    result = CliRunner().invoke(main, ["pack", str(data), "-t", str(folder), "--max-len", "4096", "-o", out,
+                                       "--embed-images", "-q"])
     assert result.exit_code == 0, result.output
-    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    manifest = json.loads((tmp_path / "out" / "packprep.json").read_text())
     assert manifest["layout"] == "packprep-vision" and manifest["counts"]["packed"] == 3
     rows = pq.read_table(next((tmp_path / "out" / "data").glob("*.parquet"))).to_pylist()
     assert all(i["data"] is not None and hashlib.sha256(i["data"]).hexdigest() == i["sha256"]
                for r in rows for i in r["images"])
+    result = CliRunner().invoke(main, ["verify", out])
+    assert result.exit_code == 0 and result.output.startswith("ok: "), result.output
 
 
 def test_verify_checks_every_image_against_the_processor(tmp_path):
@@ -123,6 +130,9 @@ def test_verify_checks_every_image_against_the_processor(tmp_path):
     report = verify_folder(tmp_path / "out")
     assert report.ok, [str(f) for f in report.failures]
     assert report.sequences == 4
+    summary = packprep.stats(str(tmp_path / "out"))
+    assert summary["kind"] == "vision-packed" and summary["sequences"] == 4
+    assert summary["images"]["total"] == sum(len(files) for _, files in expected)
     first = expected[0][1][0]
     first.write_bytes(first.read_bytes() + b"changed")  # the file changes after packing
     draw_image(expected[3][1][0], (64, 64), 99)  # redrawn at another size
@@ -147,3 +157,14 @@ def test_stats_reports_text_and_image_tokens_and_each_max_len(tmp_path):
     assert by_len[256]["truncated"] + by_len[256]["refused"] == 4
     result = CliRunner().invoke(main, ["stats", str(data), "-t", str(folder), "--max-len", "1024"])
     assert result.exit_code == 0 and "image" in result.output, result.output
+
+
+def test_the_output_is_the_same_with_any_number_of_processes(tmp_path):
+    data, _ = conversation_set(tmp_path / "data", 7)
+    folder = build("smolvlm", tmp_path / "smolvlm")
+    shards = []
+    for num_proc in (1, 2):
+        manifest = packprep.pack(str(data), str(tmp_path / f"out{num_proc}"), str(folder), max_len=2048,
+                                 num_proc=num_proc)
+        shards.append([s["sha256"] for s in manifest["shards"]])
+    assert shards[0] == shards[1]

@@ -13,7 +13,10 @@ import packprep
 from packprep.errors import InputError
 
 from .template_folders import build_folder
+from .conftest import needs_fixtures
 from .vision_folders import build, draw_image
+
+pytestmark = needs_fixtures  # the fixtures' vocabularies and conversations
 
 
 def _chat(parts, answer="An answer."):

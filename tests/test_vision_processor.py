@@ -8,7 +8,10 @@ from PIL import Image
 
 from packprep.vision.processor import ImageTokens, load_processor, rope_index
 
+from .conftest import needs_fixtures
 from .vision_folders import FAMILIES, build, draw_image
+
+pytestmark = needs_fixtures  # the fixtures' vocabularies and conversations
 
 SIZES = [(300, 200), (64, 900), (1500, 1000), (28, 28)]
 
@@ -61,3 +64,22 @@ def test_rope_index_is_transformers_get_rope_index(folders, tmp_path):
         model, torch.from_numpy(ids[None]), mm_token_type_ids=torch.tensor(out["mm_token_type_ids"]),
         image_grid_thw=torch.tensor(grids))
     assert np.array_equal(rope_index(ids, grids, tokens.token_ids, tokens.merge_size), expected[:, 0].numpy())
+
+
+def test_a_template_kept_only_in_chat_template_json_is_read(folders, tmp_path):
+    """Processor folders may keep the chat template in chat_template.json alone (the processor's file)."""
+    import json
+    import shutil
+
+    import packprep
+
+    from .vision_folders import conversation_set
+
+    folder = tmp_path / "folder"
+    shutil.copytree(folders["smolvlm"], folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    del config["chat_template"]
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    data, expected = conversation_set(tmp_path / "data", 2)
+    manifest = packprep.pack(str(data), str(tmp_path / "out"), str(folder), max_len=4096, num_proc=1)
+    assert manifest["counts"]["packed"] == 2

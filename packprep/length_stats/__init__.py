@@ -45,7 +45,8 @@ from ..errors import ConfigError
 from ..normalize import CHANGES
 from ..settings import PackConfig, RunOptions, check_batches, check_model_config, check_steps, check_what_if
 from ..vision.processor import has_image_processor
-from ..vision.summary import stats_vision
+from ..vision.check import load_manifest as load_vision_manifest
+from ..vision.summary import folder_report, stats_vision
 from .collect import collect_folder, collect_inputs, distribution, log_histogram, turn_context_costs
 from .mixture import mixture_what_if
 from .plot import plot, require_matplotlib
@@ -99,6 +100,8 @@ def stats(
 
     run = RunOptions(num_proc=num_proc)
     paths = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
+    if len(paths) == 1 and (vision := load_vision_manifest(paths[0])) is not None:
+        return folder_report(vision)
     if len(paths) == 1 and is_packed_folder(paths[0]) and mix is None:
         return stats_folder(paths[0], global_batch_size=global_batch_size, epochs=epochs, dp_size=dp_size,
                             rows_per_step=rows_per_step, model_config=settings.get("model_config"))

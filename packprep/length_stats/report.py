@@ -124,10 +124,10 @@ def render_text(report: dict) -> str:
     """Draw a :func:`stats` or :func:`stats_folder` report for a terminal; every line fits 80 columns."""
     if report.get("kind") == "packed":
         return _render_folder(report)
-    if report.get("kind") == "vision":
-        from ..vision.summary import render
+    if report.get("kind") in ("vision", "vision-packed"):
+        from ..vision.summary import render, render_folder
 
-        return render(report)
+        return render(report) if report["kind"] == "vision" else render_folder(report)
     lines = []
     names = ", ".join(Path(i["path"]).name for i in report["inputs"])
     if len(names) > WIDTH - 8:

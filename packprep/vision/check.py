@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import Rejected
-from ..layout import IGNORE_INDEX
+from ..layout import IGNORE_INDEX, VISION_LAYOUT
 from ..verification import Failure, Report
 from .images import ImageFile, open_image, resolve
 from .processor import ImageTokens, load_processor, rope_index
@@ -102,9 +102,9 @@ def _check_image(image: dict, tokens: ImageTokens, base_dir: str, fail) -> None:
 
 def load_manifest(folder: str | Path) -> dict | None:
     """The folder's manifest when it is a vision one, else None."""
-    path = Path(folder) / "manifest.json"
+    path = Path(folder) / "packprep.json"
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return manifest if isinstance(manifest, dict) and manifest.get("layout") == "packprep-vision" else None
+    return manifest if isinstance(manifest, dict) and manifest.get("layout") == VISION_LAYOUT else None

@@ -78,6 +78,12 @@ class ImageTokens:
     """The processor's answers for a run: the placeholder, the image token ids, each size's expansion."""
 
     def __init__(self, processor):
+        if not all(hasattr(processor, name) for name in ("replace_image_token", "_process_images", "image_token")):
+            import transformers
+
+            raise ConfigError(f"{type(processor).__name__} of transformers {transformers.__version__} does not say "
+                              "what it writes for an image (replace_image_token): packing images needs a newer "
+                              "transformers (5.25 is the one tested)")
         self.processor = processor
         self.placeholder: str = processor.image_token
         self.token_ids: list[int] = [int(i) for i in processor.image_token_ids if i is not None]

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import Rejected
-from ..layout import IGNORE_INDEX
+from ..layout import IGNORE_INDEX, VISION_LAYOUT
 from ..packing import order_bins, pack_lengths
 from .encode import VisionSequence
 from .images import ImageFile
 from .processor import ImageTokens, rope_index
 
-LAYOUT = "packprep-vision"
+LAYOUT = VISION_LAYOUT
 
 
 @dataclass
@@ -57,9 +57,7 @@ def fit(seq: VisionSequence, max_len: int, overlong: str) -> tuple[VisionSequenc
 
 
 def plan(lengths: np.ndarray, max_len: int, strategy: str, row_order: str, seed: int):
-    """The ordered bins of whole sequences."""
-    if strategy in ("random", "pad", "minibatch"):
-        strategy = "greedy"  # settings refuse these for images (they cut or pad); see run.py
+    """The ordered bins of whole sequences (``strategy``: one that never cuts, run.check_settings)."""
     return order_bins(pack_lengths(lengths, max_len, strategy, seed), row_order, seed)
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 
@@ -21,13 +22,18 @@ from ..errors import ConfigError, InputError, Rejected
 from ..fates import FATES, PACKED, TRUNCATED
 from ..layout import DEFAULT_LAYOUT, IGNORE_INDEX
 from ..ledger import Ledger, top_reasons
-from ..normalize import detect_format, normalize
+from ..normalize import Conversation, detect_format, normalize
+from ..tokenization import Encoded
 from ..read import Record, Source, file_sha256, read_records
 from ..write import OutputFolder, parse_size, shard_name
-from .encode import Prepared, VisionEncoder, prepare
+from .encode import VisionEncoder, VisionSequence, prepare
+from .images import ImageFile
 from .processor import ImageTokens, describe, load_processor
 from .records import extract
 from .rows import LAYOUT, Sequence, fit, plan, row, table
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..engines import Engine
 
 BATCH = 64  # conversations a tokenizer call
 NOT_FOR_IMAGES = {"random": "it cuts sequences, and an image is never cut",
@@ -49,14 +55,14 @@ def check_settings(config, layout: str, mixed: bool) -> None:
 
 
 def pack_vision(sources: list[Source], tokenizer: str, config, folder: OutputFolder, *, embed_images: bool = False,
-                progress: bool = False) -> dict:
+                engine: "Engine | None" = None) -> dict:
     """Pack ``sources`` with the processor of ``tokenizer`` into ``folder``; return the manifest."""
     encoding = Encoding.open(sources, tokenizer, config)
     tokens = ImageTokens(load_processor(tokenizer))
     with folder.staging() as tmp:
         ledger = Ledger(config.on_error, tmp / "rejects.jsonl")
         with ledger:
-            sequences, stats = encode_all(encoding, tokens, ledger, config)
+            sequences, stats = encode_all(encoding, tokens, ledger, config, engine, embed_images)
             for entry in ledger.entries:
                 ledger.write(entry)
         if not sequences:
@@ -66,35 +72,83 @@ def pack_vision(sources: list[Source], tokenizer: str, config, folder: OutputFol
         bins = plan(lengths, config.max_len, config.strategy, config.row_order, config.seed)
         shards = _write(tmp, sequences, bins, tokens, embed_images, parse_size(config.shard_size))
         manifest = _manifest(config, encoding, tokens, ledger, sequences, bins, lengths, shards, stats, embed_images)
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        (tmp / "packprep.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         folder.commit()
     return manifest
 
 
-def encode_all(encoding: Encoding, tokens: ImageTokens, ledger: Ledger, config) -> tuple[list[Sequence], Counter]:
-    encoder = VisionEncoder(encoding.encoder, tokens)
+def encode_all(encoding: Encoding, tokens: ImageTokens, ledger: Ledger, config, engine: "Engine | None" = None,
+               embed: bool = False) -> tuple[list[Sequence], Counter]:
+    """Every record encoded, BATCH records a task, on ``engine`` (pipeline.py's; None: here); the
+    results are merged in input order, so the output is the same on any engine."""
     sequences: list[Sequence] = []
     stats: Counter = Counter()
-    batch: list[tuple[int, Record, Prepared]] = []
+    records: dict[int, Record] = {}
+    context = (encoding, tokens, config, embed)
+    chunks = _chunks(encoding, ledger, records)
+    done = (engine.map(_encode_chunk, context, chunks) if engine is not None
+            else (_encode_chunk(context, chunk) for chunk in chunks))
+    for results in done:
+        for number, outcome in results:
+            record = records.pop(number)
+            if isinstance(outcome, Rejected):
+                ledger.reject(record, number, str(outcome), outcome.code)
+            else:
+                _keep(number, outcome, ledger, sequences, stats)
+    return sequences, stats
 
-    def flush():
-        for (number, record, prepared), result in zip(batch, encoder.encode([p for _, _, p in batch])):
-            _keep(number, record, prepared, result, ledger, config, sequences, stats)
-        batch.clear()
 
+def _chunks(encoding: Encoding, ledger: Ledger, records: dict) -> Iterator[list]:
+    """The records, numbered by ``ledger``, BATCH a task (``records`` keeps each until its result)."""
+    chunk = []
     for index, source in enumerate(encoding.sources):
         base_dir = os.path.dirname(os.path.abspath(source.path))
-        fields, fallback = encoding.fields[index], encoding.formats[index]
         for record in read_records(source):
             number = ledger.add()
-            try:
-                batch.append((number, record, _prepared(record, fields, fallback, encoding, base_dir, tokens)))
-            except Rejected as exc:
-                ledger.reject(record, number, str(exc), exc.code)
-            if len(batch) == BATCH:
-                flush()
-    flush()
-    return sequences, stats
+            records[number] = record
+            chunk.append((number, record, index, base_dir))
+            if len(chunk) == BATCH:
+                yield chunk
+                chunk = []
+    if chunk:
+        yield chunk
+
+
+@dataclass
+class Kept:
+    """A record that stays: its sequences fitted to --max-len (and whether each was cut)."""
+
+    fitted: list[tuple[VisionSequence, bool]]
+    files: list[ImageFile]
+    grids: list[tuple[int, ...]]
+    conversation: Conversation
+    encoded: Encoded
+
+
+def _encode_chunk(context: tuple, chunk: list) -> list[tuple[int, Kept | Rejected]]:
+    """The encode task: prepare, encode and fit a chunk of records (in a worker, or here)."""
+    encoding, tokens, config, embed = context
+    out, ready = [], []
+    for number, record, index, base_dir in chunk:
+        try:
+            ready.append((number, _prepared(record, encoding.fields[index], encoding.formats[index], encoding,
+                                            base_dir, tokens)))
+        except Rejected as exc:
+            out.append((number, exc))
+    with encoding.encoder.one_thread():
+        results = VisionEncoder(encoding.encoder, tokens).encode([p for _, p in ready])
+    for (number, prepared), result in zip(ready, results):
+        try:
+            if isinstance(result, Rejected):
+                raise result
+            fitted = [fit(seq, config.max_len, config.overlong) for seq in result.sequences]
+        except Rejected as exc:
+            out.append((number, exc))
+            continue
+        files = prepared.files if embed else [replace(f, data=b"") for f in prepared.files]
+        out.append((number, Kept(fitted, files, [e.grid for e in prepared.expansions], prepared.conversation,
+                                 result.encoded)))
+    return sorted(out, key=lambda item: item[0])
 
 
 def _prepared(record: Record, fields, fallback: str, encoding: Encoding, base_dir: str, tokens: ImageTokens):
@@ -105,28 +159,20 @@ def _prepared(record: Record, fields, fallback: str, encoding: Encoding, base_di
     return prepare(normalize(data, fmt, fields, encoding.policy), references, base_dir, tokens)
 
 
-def _keep(number, record, prepared, result, ledger: Ledger, config, sequences: list, stats: Counter) -> None:
-    """A record's sequences fitted to --max-len, or its rejection."""
-    if isinstance(result, Rejected):
-        ledger.reject(record, number, str(result), result.code)
-        return
-    try:
-        fitted = [fit(seq, config.max_len, config.overlong) for seq in result.sequences]
-    except Rejected as exc:
-        ledger.reject(record, number, str(exc), exc.code)
-        return
-    ledger.keep(prepared.conversation, result.encoded)
-    if any(cut for _, cut in fitted):
+def _keep(number: int, kept: Kept, ledger: Ledger, sequences: list, stats: Counter) -> None:
+    """Count a record that stays and add its sequences."""
+    ledger.keep(kept.conversation, kept.encoded)
+    if any(cut for _, cut in kept.fitted):
         ledger.status[number] = TRUNCATED
-    grids = [e.grid for e in prepared.expansions]
-    for seq, _ in fitted:
-        sequences.append(Sequence(seq, number, prepared.files, grids))
+    for seq, _ in kept.fitted:
+        sequences.append(Sequence(seq, number, kept.files, kept.grids))
         image_tokens = sum(count for _, count, _ in seq.images)
         stats["image_tokens"] += image_tokens
         stats["text_tokens"] += len(seq.input_ids) - image_tokens
         stats["supervised"] += int((seq.labels[1:] != IGNORE_INDEX).sum())
-    stats["images"] += len(prepared.files)
-    stats[f"records_with_{min(len(prepared.files), 4)}{'+' if len(prepared.files) >= 4 else ''}_images"] += 1
+    images = len(kept.files)
+    stats["images"] += images
+    stats[f"records_with_{min(images, 4)}{'+' if images >= 4 else ''}_images"] += 1
 
 
 def _write(tmp, sequences: list[Sequence], bins, tokens: ImageTokens, embed: bool, shard_bytes: int) -> list[dict]:

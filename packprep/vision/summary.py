@@ -90,3 +90,18 @@ def render(report: dict) -> str:
         lines.append(f"{row['max_len']:>8,} {row['rows']:>8,} {row['efficiency']:>10.2%} {row['truncated']:>9,} "
                      f"{row['refused']:>7,}")
     return "\n".join(lines) + "\n"
+
+
+def folder_report(manifest: dict) -> dict:
+    """``stats`` of a packed ``packprep-vision`` folder, from its manifest (``kind: "vision-packed"``)."""
+    return {"kind": "vision-packed", "rows": manifest["rows"], "sequences": manifest["sequences"],
+            "max_len": manifest["config"]["max_len"], "efficiency": manifest["efficiency"],
+            "tokens": manifest["tokens"], "images": manifest["images"], "counts": manifest["counts"]}
+
+
+def render_folder(report: dict) -> str:
+    t, c = report["tokens"], report["counts"]
+    return (f"{report['rows']:,} rows of {report['max_len']:,}, {report['sequences']:,} sequences, efficiency "
+            f"{report['efficiency']:.2%}\ntokens: {t['total']:,} = text {t['text']:,} + image {t['image']:,}; "
+            f"supervised {t['supervised']:,}\nimages: {report['images']['total']:,}; records: {c['records']:,} "
+            f"({c['packed']:,} packed, {c['truncated']:,} truncated, {c['rejected']:,} rejected)\n")
