@@ -13,6 +13,7 @@ An HTML comment on the line before a block (invisible on GitHub) changes how it 
     <!-- doc-test: exit N -->               the commands exit with N (a documented refusal)
     <!-- doc-test: given model tokenizer --> a Python block gets these names, where the page means "your
                                              model": a tiny random Llama and the bundled example's tokenizer
+                                             (``vision_model``: a tiny random Qwen2.5-VL for ./qwen25vl-folder)
 
 Several may share one comment, separated by ``;`` (``before X; exit 2``); ``skip`` stands alone. Shell lines may chain
 with ``&&``, end in ``| head -N`` or ``> FILE``; set-up steps (``python3 -m venv``, ``pip install``)
@@ -105,8 +106,17 @@ def _model():
     return transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
 
 
+def _vision_model():
+    """A tiny random Qwen2.5-VL on the vocabulary and image tokens of the sandbox's ``qwen25vl-folder``."""
+    from packprep.training.vision import VisionCollator
+
+    from .vision_models import tiny_qwen_vl
+
+    return tiny_qwen_vl(VisionCollator("qwen25vl-folder").processor)
+
+
 # what a page's Python block may take as given (``<!-- doc-test: given model -->``)
-GIVEN = {"model": _model, "tokenizer": _tokenizer}
+GIVEN = {"model": _model, "tokenizer": _tokenizer, "vision_model": _vision_model}
 
 
 @dataclass

@@ -40,6 +40,13 @@ Everything that needs ``torch`` lives in this package; ``import packprep`` never
 ``tree``      ``collate_tree(rows)`` + ``register_tree_attention()``: shared-prefix rows
               (``pack --shared-prefix``) through a FlexAttention mask read from ``tree_descendants``;
               ``tree_check``: what ``check_pipeline`` checks of such rows (every root-to-leaf path alone).
+``vision``    ``VisionCollator(processor)``: packed rows with images (layout ``packprep-vision``) as one
+              ``(1, T)`` batch: each image loaded (embedded bytes or its path, sha256-checked) and run
+              through the processor's image part once, ``pixel_values`` (+ ``image_grid_thw`` /
+              ``pixel_attention_mask``) in row order, ``(4, 1, T)`` M-RoPE positions (text row first) or
+              ``(1, T)``; Gemma 3 gets per-sequence masks laid block-diagonally (``vision_masks``).
+              ``check_vision_pipeline(collator_or_trainer, model, data)``: every packed conversation's
+              logits against the model's own path for it alone (see docs/vision.md).
 ``order``     ``check_order(loader_or_trainer, data)``: warns (``BalanceOrderWarning``) when the sampler
               would not read rows packed with ``--balance-dp`` in the order they were balanced for.
 """
@@ -60,6 +67,8 @@ from .hybrid import register_packed_layers
 from .isolation import PackingIsolationError, check_isolation, check_pipeline
 from .order import BalanceOrderWarning, check_order
 from .tree import TREE_ATTENTION_NAME, TreeRowsError, collate_tree, register_tree_attention
+from .vision import VisionCollator, VisionRowError
+from .vision_check import check_vision_pipeline
 
 __all__ = [
     "IGNORE_INDEX",
@@ -83,4 +92,7 @@ __all__ = [
     "TreeRowsError",
     "collate_tree",
     "register_tree_attention",
+    "VisionCollator",
+    "VisionRowError",
+    "check_vision_pipeline",
 ]
