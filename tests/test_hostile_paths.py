@@ -199,7 +199,7 @@ def not_utf8_args(tmp_path: Path) -> dict:
     out = tmp_path / "out"
     return {
         "output path": (["pack", EXAMPLE_CHATS, "-t", EXAMPLE_TOKENIZER, "-o", tmp_path / f"out{NOT_UTF8}"],
-                        f"out\\xff holds bytes that are not UTF-8 (\\xff)"),
+                        "out\\xff holds bytes that are not UTF-8 (\\xff)"),
         "input path": (["pack", data, "-t", EXAMPLE_TOKENIZER, "-o", out], "in\\xff.jsonl holds bytes"),
         "a file in an input folder": (["pack", folder, "-t", EXAMPLE_TOKENIZER, "-o", out],
                                       f"the input {folder}/a\\xff.jsonl holds bytes"),

@@ -77,7 +77,7 @@ def test_every_record_is_packed_as_the_processor_tokenizes_it(family, packed):
 
 
 def test_qwen_rows_carry_each_sequences_own_rope_index(packed):
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     from types import SimpleNamespace
 
     from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as qwen
