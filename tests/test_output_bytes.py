@@ -9,7 +9,10 @@ for the token-exact definition: no shard changed; the manifest and card gained t
 setting and the ``roles_mapped`` and ``reasoning_trained`` counts, and the unknown-role rejection
 lists ``developer`` among the known roles. And once more when reject reasons came to name settings as
 the caller spells them: packed from Python here, the fixtures' rejects.jsonl, manifest and card say
-``max_len 1024``, not ``--max-len 1024``; no shard changed.
+``max_len 1024``, not ``--max-len 1024``; no shard changed. And when a record came to reach the template
+as the data has it by default: the manifest records ``consecutive: auto`` and the card says the turns
+went ``as the data has them``; no shard or rejection changed (no fixture record has two turns of a role
+in a row or a system message for a template that refuses one).
 
 Paths of the inputs and the output are replaced by placeholders before hashing. To re-capture after
 an intended change of output: ``PYTHONPATH=. python tests/test_output_bytes.py --write``.
