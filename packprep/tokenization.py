@@ -291,7 +291,8 @@ class ChatEncoder:
         for n, (r, (ids, cuts, clean)) in enumerate(zip(rendered, encoded)):
             if clean and r.spans and not r.train_all:
                 bounds = [c for span in r.spans for c in span]
-                checks += [(n, *piece) for piece in self._added.unproven(r.text, ids, bounds, cuts, r.markup is not None)]
+                pieces = self._added.unproven(r.text, ids, bounds, cuts, r.markup is not None)
+                checks += [(n, *piece) for piece in pieces]
         if not checks:
             return encoded
         got = self._ids_and_cuts([_piece(rendered[n], a, b) for n, a, b, _, _ in checks])

@@ -103,7 +103,7 @@ class AddedTokens:
         (``i``, its index) where that token restarts the tokenization, else 0: the whole prefix.
         ``markup``: the text's content spells control tokens as text (control_text.py), which the
         search by content could take for the token; its boundaries are checked whole."""
-        found = np.flatnonzero(np.isin(ids, self.ids)) if len(self.ids) and not markup else np.zeros(0, np.int64)
+        found = np.zeros(0, np.int64) if markup or not len(self.ids) else np.flatnonzero(np.isin(ids, self.ids))
         out = []
         for b, j in zip(bounds, cuts):
             if b <= 0 or b >= len(text):

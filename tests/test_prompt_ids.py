@@ -48,6 +48,8 @@ def records() -> list[dict]:
             tail = ENDS[(i + j) % len(ENDS)] if j % 2 else "."
             out.append({"messages": [{"role": "user", "content": f"Say{end}"},
                                      {"role": "assistant", "content": f"{start} one."}]})
+            if (i + j) % 3:
+                continue
             out.append({"messages": [{"role": "user", "content": f"Say{end}"},
                                      {"role": "assistant", "content": f"{start} one{tail}"},
                                      {"role": "user", "content": f"Again{ENDS[(i + 2 * j) % len(ENDS)]}"},
@@ -110,22 +112,24 @@ def check(folder: str, template: str | None, backend: str, data: list[dict]) -> 
 @pytest.mark.parametrize("backend", ["auto", "hf"])
 @pytest.mark.parametrize("name", FIXTURES)
 def test_a_prompt_ending_in_whitespace_is_the_prompts_own_ids(name, backend):
-    assert check(fixture_tokenizer(name), RAW, backend, records()) == 3 * len(ENDS) * len(STARTS)
+    data = records()
+    assert check(fixture_tokenizer(name), RAW, backend, data) == sum(len(r["messages"]) // 2 for r in data)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", FIXTURES)
 def test_foreign_templates_on_every_fixture_tokenizer(name):
     """Llama-3's prompt ends in ``"\\n\\n"``, which GPT-2 cuts in two before a letter; ChatML's in one newline."""
-    data = [r for r in records() if not r["messages"][0]["content"].endswith("\t\t")][:40]
+    data = records()[:40]
     for template in ("llama-3.1", "qwen3"):
-        assert check(fixture_tokenizer(name), zoo_template(template), "auto", data) == 60
+        assert check(fixture_tokenizer(name), zoo_template(template), "auto", data) == 50
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("template", ZOO_NAMES)
 def test_every_zoo_template_trains_after_the_prompts_own_ids(template, tmp_path):
     folder = str(build_zoo_folder(template, tmp_path / "tok"))
-    data = records()[::3]
+    data = records()[::4]
     # a tool-use template (Hermes 3, Command R+) refuses a chat without tools; FireFunction v2 (which needs a
     # `functions` variable) and MiroThinker train none of these turns, as the reference finds too
     if not check(folder, None, "hf", data):
