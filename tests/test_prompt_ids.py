@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -68,12 +67,10 @@ def packed_contexts(encoded) -> list[tuple]:
 
 
 class Theirs:
-    """The reference's tokenizer: Hugging Face ``tokenizers`` on the folder's tokenizer.json, nothing of packprep."""
+    """The reference's tokenizer: the Hugging Face ``tokenizers.Tokenizer`` itself, nothing of packprep."""
 
-    def __init__(self, folder: str, tok):
-        from tokenizers import Tokenizer
-
-        self.hf = Tokenizer.from_file(str(Path(folder) / "tokenizer.json"))
+    def __init__(self, tok):
+        self.hf = tok.backend_tokenizer
         self.chat_template, self.special_tokens_map = tok.chat_template, tok.special_tokens_map
 
     def __call__(self, text, add_special_tokens=False):
@@ -89,7 +86,7 @@ def check(folder: str, template: str | None, backend: str, data: list[dict]) -> 
     tok = load_tokenizer(folder)
     if template is not None:
         tok.chat_template = template
-    theirs = Theirs(folder, tok)
+    theirs = Theirs(tok)
     encoder = ChatEncoder(tok, backend=backend)
     policy = fit_to_template(encoder.template.render)
     render = renderer(theirs)
@@ -129,7 +126,7 @@ def test_foreign_templates_on_every_fixture_tokenizer(name):
 @pytest.mark.parametrize("template", ZOO_NAMES)
 def test_every_zoo_template_trains_after_the_prompts_own_ids(template, tmp_path):
     folder = str(build_zoo_folder(template, tmp_path / "tok"))
-    data = records()[::4]
+    data = records()[::6]
     # a tool-use template (Hermes 3, Command R+) refuses a chat without tools; FireFunction v2 (which needs a
     # `functions` variable) and MiroThinker train none of these turns, as the reference finds too
     if not check(folder, None, "hf", data):
