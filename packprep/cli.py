@@ -102,11 +102,14 @@ def _record_options(command):
                            help="Tool calls for a template that renders none: write them as JSON text into the "
                            "reply being trained (counted), or reject the record.")(command)
     command = click.option("--system", default=DEFAULT.system, show_default=True, type=click.Choice(SYSTEM),
-                           help="System message: auto folds it into the first user turn only where the chat "
-                           "template renders none (Mistral v0.1); keep; fold.")(command)
+                           help="System message: auto gives it to the chat template as it is (a template that "
+                           "writes none drops it, as at inference) and folds it into the first user turn only where "
+                           "the template refuses one (counted); keep; fold.")(command)
     command = click.option("--consecutive", default=DEFAULT.consecutive, show_default=True, type=click.Choice(CONSECUTIVE),
-                           help="Two user or two assistant turns in a row: merge them (blank line between), "
-                           "keep them for the template, or reject the record.")(command)
+                           help="Two user or two assistant turns in a row: auto gives them to the chat template "
+                           "as they are (each reply trained after its own header) and merges them only where the "
+                           "template refuses them (counted); merge them always (blank line between); keep; or "
+                           "reject the record.")(command)
     command = click.option("--leading-assistant", default=DEFAULT.leading_assistant, show_default=True, type=click.Choice(LEADING),
                            help="Turns before the first user turn (a chat chunk that starts mid-way): drop them "
                            "and train the rest (as FastChat does), or reject the record.")(command)

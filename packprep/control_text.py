@@ -18,17 +18,15 @@ conversations); it is encoded by the HF tokenizer segment by segment, on either 
 
 from __future__ import annotations
 
-import json
 import random
 import re
 from dataclasses import fields, replace
-from pathlib import Path
 
 import numpy as np
 
 from .normalize import Conversation, Rejected
 from .render import Rendered, render_conversation
-from .tokenizer_folder import RenderTooLong
+from .tokenizer_folder import RenderTooLong, added_tokens
 
 MODES = ("text", "special")  # content spelling a control token: plain text (default), or the token
 # every field of a conversation that holds the record's own strings: all of them are masked, keys included
@@ -38,16 +36,8 @@ USER_FIELDS = tuple(f.name for f in fields(Conversation) if f.name not in ("text
 
 def special_tokens(tokenizer) -> list[tuple[str, int, bool, bool]]:
     """(content, id, lstrip, rstrip) of every added token marked special, as tokenizer.json says."""
-    backend_loaded = getattr(tokenizer, "backend_loaded", True)
-    folder = getattr(tokenizer, "name_or_path", None)
-    if not backend_loaded and folder and (Path(folder) / "tokenizer.json").is_file():
-        data = (Path(folder) / "tokenizer.json").read_text(encoding="utf-8")
-        at = data.find("[", data.find('"added_tokens"'))  # read that array only, not the 9 MB around it
-        added = json.JSONDecoder().raw_decode(data, at)[0] if at > 0 else []
-        return [(t["content"], t["id"], t.get("lstrip", False), t.get("rstrip", False))
-                for t in added if t.get("special")]
-    hf = getattr(tokenizer, "backend_tokenizer", tokenizer)
-    return [(t.content, i, t.lstrip, t.rstrip) for i, t in hf.get_added_tokens_decoder().items() if t.special]
+    return [(t["content"], t["id"], t.get("lstrip", False), t.get("rstrip", False))
+            for t in added_tokens(tokenizer) if t.get("special")]
 
 
 class ControlText:

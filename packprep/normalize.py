@@ -17,14 +17,17 @@ each conversation, and each counts what it changed (``Conversation.changes``; th
     starts mid-way. ``drop`` (default) removes them and trains the rest, as FastChat's trainer
     does; ``reject`` sets the record aside.
 ``turns_merged``
-    A user or assistant turn that follows one of the same role. ``merge`` (default) appends it to
-    the one before, separated by a blank line (an assistant's tool calls are kept, in order);
-    ``keep`` leaves both for templates that allow it; ``reject`` sets the record aside. Tool
-    results are never merged: each answers its own call.
+    A user or assistant turn that follows one of the same role. ``auto`` (default) gives both to
+    the template, as the data has them (each reply trained after its own header), and merges only
+    the role whose two turns in a row the template refuses (it raises); ``merge`` always appends
+    the turn to the one before, separated by a blank line (an assistant's tool calls are kept, in
+    order); ``keep`` never merges; ``reject`` sets the record aside. Tool results are never merged:
+    each answers its own call.
 ``system_folded``
-    For a template that renders no system message (Mistral v0.1), the system text is put before
-    the first user message, separated by a blank line (``--system auto``, the default; ``keep``
-    never folds, ``fold`` always does).
+    ``--system auto`` (default) gives a system message to the template as it is, also where the
+    template writes none (it drops it at inference too), and folds it only for a template that
+    refuses one (raises): the system text is then put before the first user message, separated
+    by a blank line. ``keep`` never folds, ``fold`` always does.
 ``tool_calls_as_text`` / ``tool_results_as_user``
     For a template that does not render ``tool_calls`` (plain Llama-3), ``--tool-calls text``
     (default) writes each call into the content of the turn being trained as the JSON
@@ -86,7 +89,7 @@ ROLE = "_role"  # an OpenAI message's own role, while the policy's transforms ru
 TOOL_CALL_SPEAKERS = ("function_call",)
 
 LEADING = ("drop", "reject")
-CONSECUTIVE = ("merge", "keep", "reject")
+CONSECUTIVE = ("auto", "merge", "keep", "reject")
 SYSTEM = ("auto", "keep", "fold")
 CHANGES = ("leading_turns_dropped", "turns_merged", "system_folded", "tool_calls_as_text", "tool_results_as_user",
            "control_text_in_content", "tool_call_text_dropped", "reasoning_inlined", "reasoning_dropped",
@@ -126,7 +129,7 @@ class Policy:
     """
 
     leading_assistant: str = "drop"
-    consecutive: str = "merge"
+    consecutive: str = "keep"
     system: str = "keep"
     tool_calls: str = "native"
     tool_results: str = "tool"
@@ -136,6 +139,7 @@ class Policy:
     reasoning_fields: tuple[str, ...] = ("reasoning_content",)
     roles: tuple[str, ...] = ()
     unrendered_calls: str = "text"  # --tool-calls: what is done where tool_calls == "text"
+    merged_roles: tuple[str, ...] = ("user", "assistant")  # consecutive == "merge": the roles merged
 
 
 def detect_format(record: Any, fields: FieldNames = FieldNames()) -> str | None:
@@ -404,12 +408,13 @@ def _drop_leading(messages: list[dict], policy: Policy, counts: Counter) -> list
 
 
 def _merge_consecutive(messages: list[dict], policy: Policy, counts: Counter) -> list[dict]:
-    if policy.consecutive == "keep":
+    if policy.consecutive in ("keep", "auto"):  # auto, not decided by a template (none to refuse them): kept
         return messages
+    roles = policy.merged_roles if policy.consecutive == "merge" else ("user", "assistant")
     out: list[dict] = []
     for number, message in enumerate(messages):
         before = out[-1] if out else None
-        if before is None or before["role"] != message["role"] or message["role"] not in ("user", "assistant"):
+        if before is None or before["role"] != message["role"] or message["role"] not in roles:
             out.append(message)
             continue
         if policy.consecutive == "reject":
@@ -443,8 +448,10 @@ def _fold_system(messages: list[dict], policy: Policy, counts: Counter) -> list[
 
 _CHANGE_TEXT = {
     "leading_turns_dropped": "{n} turns before the first user turn dropped (--leading-assistant drop)",
-    "turns_merged": "{n} turns merged into the turn before (--consecutive merge)",
-    "system_folded": "{n} system messages folded into the first user turn (--system)",
+    "turns_merged": "{n} turns merged into the turn before (the template refuses two in a row, or --consecutive "
+                    "merge)",
+    "system_folded": "{n} system messages folded into the first user turn (the template refuses one, or --system "
+                     "fold)",
     "tool_calls_as_text": "{n} tool-calling turns written as text (the template renders no tool_calls)",
     "tool_results_as_user": "{n} tool results given as user turns (the template has no tool role)",
     "control_text_in_content": "{n} records whose own text spells a control token, encoded as plain text "
@@ -466,7 +473,7 @@ def changes_text(changes: dict[str, int], turns_not_located: int) -> str:
     """One line for people (pack, stats, the dataset card): what normalizing changed, and the
     assistant turns left untrained because they could not be located (render.py)."""
     done = [_CHANGE_TEXT[name].format(n=f"{changes[name]:,}") for name in CHANGES if changes.get(name)]
-    return (f"turns: {'; '.join(done) or 'none dropped, merged or converted'}; "
+    return (f"turns: {'; '.join(done) or 'as the data has them, none dropped, merged or converted'}; "
             f"{turns_not_located:,} assistant turns left untrained (turns_not_located)")
 
 

@@ -127,8 +127,9 @@ class PackConfig:
     tokenizer_backend: str = "auto"  # auto | hf | tiktoken; the output is the same with each
     partition_size: int | None = None  # pack each run of this many sequences on its own; None: globally
     leading_assistant: str = "drop"  # turns before the first user turn: drop | reject (normalize.py)
-    consecutive: str = "merge"  # two user or two assistant turns in a row: merge | keep | reject
-    system: str = "auto"  # auto: fold into the first user turn where the template renders no system message
+    consecutive: str = "auto"  # two user or two assistant turns in a row: auto (merged where the template refuses
+    # them, else given as they are) | merge | keep | reject
+    system: str = "auto"  # auto: given to the template as it is, folded into the first user turn where it refuses one
     balance_dp: int | None = None  # data-parallel ranks to balance each step's rows for (balance.py); None: off
     rows_per_step: int = 1  # with balance_dp: rows each rank takes a step (its per-device batch)
     balance_sampler: str = "distributed"  # with balance_dp: the sampler order targeted (balance.SAMPLERS)

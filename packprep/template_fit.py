@@ -15,14 +15,15 @@ _PROBE = "\u2063packprep-probe\u2063"  # a text no template writes by itself
 
 
 def fit_to_template(render: Callable[[list, list | None, bool], str], leading_assistant: str = "drop",
-                    consecutive: str = "merge", system: str = "auto", reasoning: str = "inline",
+                    consecutive: str = "auto", system: str = "auto", reasoning: str = "inline",
                     tool_calls: str = "text") -> Policy:
     """The :class:`Policy` for a chat template, decided from what ``render(messages, tools,
-    add_generation_prompt)`` does with small probe conversations: whether it renders a system
-    message, an assistant's ``tool_calls`` (and with which content and arguments), a ``tool``
-    message, OpenAI's developer/ipython/function roles, and reasoning (under which fields); each:
-    renders without error and shows the probe text. Tool probes are given a tools list: a template
-    may render calls only when tools are declared."""
+    add_generation_prompt)`` does with small probe conversations: whether it refuses a system
+    message or two turns of a role in a row (``auto``: :func:`_refused`), whether it renders an
+    assistant's ``tool_calls`` (and with which content and arguments), a ``tool`` message, OpenAI's
+    developer/ipython/function roles, and reasoning (under which fields); each: renders without
+    error and shows the probe text. Tool probes are given a tools list: a template may render calls
+    only when tools are declared."""
     def shows(messages, tools=None, generation=False) -> bool:
         try:
             return _PROBE in render(messages, tools, generation)
@@ -32,10 +33,7 @@ def fit_to_template(render: Callable[[list, list | None, bool], str], leading_as
     user, reply = {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}
     tools = [{"type": "function", "function": {"name": "probe", "description": "probe",  # not the probe text:
                                                "parameters": {"type": "object", "properties": {}}}}]  # it shows
-    if system == "auto":
-        # a template may write the system prompt into the last user turn only (Mistral Nemo): in the context
-        system = "keep" if shows([{"role": "system", "content": _PROBE}, user, reply]) or shows(
-            [{"role": "system", "content": _PROBE}, user], None, True) else "fold"
+    system, consecutive, merged = _refused(render, system, consecutive, tools)
     calls, content, arguments, call = "text", "empty", "object", reply
     for arguments_value in ({}, "{}"):
         probes = {empty: {"role": "assistant", "content": empty,  # an id as Mistral's templates require: 9 characters
@@ -82,7 +80,34 @@ def fit_to_template(render: Callable[[list, list | None, bool], str], leading_as
     fields = tuple(name for name in REASONING_FIELDS if reads(name))
     return Policy(leading_assistant=leading_assistant, consecutive=consecutive, system=system, tool_calls=calls,
                   tool_results=results, reasoning=reasoning, call_content=content, call_arguments=arguments,
-                  reasoning_fields=fields, roles=roles, unrendered_calls=tool_calls)
+                  reasoning_fields=fields, roles=roles, unrendered_calls=tool_calls, merged_roles=merged)
+
+
+def _refused(render, system: str, consecutive: str, tools: list) -> tuple[str, str, tuple[str, ...]]:
+    """``--system`` and ``--consecutive`` for this template, and the roles merged: ``auto`` gives the
+    template the record as the data has it, the template being the authority on what it renders (a
+    system message it writes nowhere is dropped at inference too), and folds or merges only what it
+    refuses (raises on) where it renders the same conversation without it."""
+    def renders(messages) -> bool:
+        for given in (None, tools):  # a tool-use template may refuse a conversation without tools
+            try:
+                render(messages, given, False)
+                return True
+            except Rejected:
+                pass
+        return False
+
+    user, reply = {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}
+    plain = renders([user, reply])
+    if system == "auto":
+        system = "fold" if plain and not renders([{"role": "system", "content": "be brief"}, user, reply]) else "keep"
+    merged: tuple[str, ...] = ("user", "assistant")
+    if consecutive == "auto":
+        twice = {"user": [user, {"role": "user", "content": "more"}, reply],
+                 "assistant": [user, reply, {"role": "assistant", "content": "again"}]}
+        merged = tuple(role for role, messages in twice.items() if plain and not renders(messages))
+        consecutive = "merge" if merged else "keep"
+    return system, consecutive, merged
 
 
 def _prints_none(render, with_none: list, with_empty: list, tools) -> bool:

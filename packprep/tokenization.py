@@ -20,10 +20,10 @@ from .control_text import ControlText, encode_with_markup, first_tokens, render_
 from .errors import ConfigError, PackprepError
 from .layout import IGNORE_INDEX
 from .timelimit import RenderTimeout, time_limit
-from .tokenizer_folder import RenderTooLong
+from .tokenizer_folder import RenderTooLong, added_tokens
 from .normalize import Conversation, Rejected
 from .render import Rendered, template_source
-from .turn_ids import exact_sequences
+from .turn_ids import AddedTokens, exact_sequences
 from .render_onepass import choose_template
 
 TRAIN_ON = ("assistant", "last", "all")
@@ -143,6 +143,7 @@ class ChatEncoder:
         self.eos_token_id = tokenizer.eos_token_id  # after fast_backend: a verified record knows it
         self._control = ControlText(tokenizer) if content_special == "text" else None
         self._post = None  # what add_special_tokens=True adds around a text, for control_text.encode_with_markup
+        self._added: AddedTokens | None = None  # built on first use (turn_ids.py)
 
     @contextmanager
     def probing(self):
@@ -254,7 +255,7 @@ class ChatEncoder:
         """Each text's sequences (one, unless a token straddles a trained span's boundary:
         turn_ids.py), with the turns that left untrained and those moved to sequences of their own."""
         out = []
-        for r, (ids, cuts, clean) in zip(rendered, self._ids_and_cuts(rendered)):
+        for r, (ids, cuts, clean) in zip(rendered, self._proven(rendered, self._ids_and_cuts(rendered))):
             if not (clean or r.train_all or self.turn_context == "rendered"):
                 sequences, untrained, moved = exact_sequences(len(r.text), r.spans, self._piece_encoder(r),
                                                               self.turn_context)
@@ -281,12 +282,31 @@ class ChatEncoder:
             return Rejected("no supervised token (every label is -100)", "no_supervised_tokens")
         return Encoded(ids, labels, control_text=r.markup is not None)
 
+    def _proven(self, rendered: list[Rendered], encoded: list[tuple[np.ndarray, list[int], bool]]
+                ) -> list[tuple[np.ndarray, list[int], bool]]:
+        """``encoded``, no longer clean where the ids before a trained span's boundary are not the
+        prefix's own (turn_ids.AddedTokens): what the added tokens around the boundaries leave to
+        check, the short piece after the last one, is tokenized for all texts in one batch."""
+        if self.turn_context == "rendered":
+            return encoded  # turns as the whole rendering writes them
+        if self._added is None:
+            self._added = AddedTokens(added_tokens(self.tokenizer))
+        checks = []
+        for n, (r, (ids, cuts, clean)) in enumerate(zip(rendered, encoded)):
+            if clean and r.spans and not r.train_all:
+                bounds = [c for span in r.spans for c in span]
+                pieces = self._added.unproven(r.text, ids, bounds, cuts, r.markup is not None)
+                checks += [(n, *piece) for piece in pieces]
+        if not checks:
+            return encoded
+        got = self._ids_and_cuts([_piece(rendered[n], a, b) for n, a, b, _, _ in checks])
+        wrong = {n for (n, _, _, i, j), (ids, _, _) in zip(checks, got) if not np.array_equal(ids, encoded[n][0][i:j])}
+        return [(ids, cuts, clean and n not in wrong) for n, (ids, cuts, clean) in enumerate(encoded)]
+
     def _piece_encoder(self, r: Rendered):
         """``encode(ranges)`` for turn_ids.py: ids of ``r.text[a:b]`` on its own, for each (a, b)."""
         def encode(ranges: list[tuple[int, int]]) -> list[np.ndarray]:
-            pieces = [Rendered(r.text[a:b], [], markup=None if r.markup is None else
-                               [(x - a, y - a) for x, y in r.markup if a <= x and y <= b]) for a, b in ranges]
-            return [ids for ids, _, _ in self._ids_and_cuts(pieces)]
+            return [ids for ids, _, _ in self._ids_and_cuts([_piece(r, a, b) for a, b in ranges])]
 
         return encode
 
@@ -346,6 +366,12 @@ class ChatEncoder:
         ids, offsets = encode_with_markup(self._backend, r, self._control.tokens, self._post)
         bounds = [c for span in r.spans for c in span]
         return ids, first_tokens(offsets, bounds, len(r.text)), not bounds or _clean(offsets, bounds)
+
+
+def _piece(r: Rendered, a: int, b: int) -> Rendered:
+    """``r.text[a:b]`` to tokenize on its own, with the markup inside it (control_text.py)."""
+    return Rendered(r.text[a:b], [], markup=None if r.markup is None else
+                    [(x - a, y - a) for x, y in r.markup if a <= x and y <= b])
 
 
 def _first_difference(rendered: list[Rendered], expected: list, got: list) -> str | None:

@@ -60,13 +60,31 @@ def _specials_added(folder: Path, config: dict) -> bool:
     named.discard(None)
     if not named:
         return True
-    data = (folder / "tokenizer.json").read_text(encoding="utf-8")
-    at = data.find("[", data.find('"added_tokens"'))  # that array only, not the vocabulary around it
     try:
-        added = json.JSONDecoder().raw_decode(data, at)[0] if at > 0 else []
+        added = _added_in_file(folder)
     except (ValueError, RecursionError):
         return False
     return named <= {t.get("content") for t in added if isinstance(t, dict)}
+
+
+def _added_in_file(folder: Path) -> list:
+    """tokenizer.json's added_tokens array, read alone, not the vocabulary around it (9 MB for llama3)."""
+    data = (folder / "tokenizer.json").read_text(encoding="utf-8")
+    at = data.find("[", data.find('"added_tokens"'))
+    return json.JSONDecoder().raw_decode(data, at)[0] if at > 0 else []
+
+
+def added_tokens(tokenizer) -> list[dict]:
+    """Every added token of a tokenizer as tokenizer.json writes it ({"content", "id", "special",
+    "lstrip", "rstrip", "normalized", "single_word"}): from the file while a folder's
+    ``tokenizers.Tokenizer`` is not built, else from that tokenizer (transformers may add some)."""
+    folder = getattr(tokenizer, "name_or_path", None)
+    if not getattr(tokenizer, "backend_loaded", True) and folder and (Path(folder) / "tokenizer.json").is_file():
+        return _added_in_file(Path(folder))
+    hf = getattr(tokenizer, "backend_tokenizer", tokenizer)
+    return [{"content": t.content, "id": i, "special": t.special, "lstrip": t.lstrip, "rstrip": t.rstrip,
+             "normalized": t.normalized, "single_word": t.single_word}
+            for i, t in hf.get_added_tokens_decoder().items()]
 
 
 class FolderTokenizer:

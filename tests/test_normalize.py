@@ -57,11 +57,16 @@ def test_leading_assistant_turns_are_dropped_and_counted_or_rejected():
     assert caught.value.code == "no_assistant_turn"
 
 
-def test_consecutive_turns_merge_keep_or_reject():
+def test_consecutive_turns_kept_merge_or_reject():
+    """Kept by default: the template decides what two turns in a row become (template_fit merges the
+    roles it refuses); merged on request, a role at a time."""
     record = {"conversations": [turn("human", "a"), turn("human", "b"), turn("gpt", "c"), turn("gpt", "d")]}
-    conversation = normalize(record, "sharegpt")
+    assert len(messages(record)) == 4 and normalize(record, "sharegpt").changes == {}
+    conversation = normalize(record, "sharegpt", policy=Policy(consecutive="merge"))
     assert conversation.messages == [{"role": "user", "content": "a\n\nb"}, {"role": "assistant", "content": "c\n\nd"}]
     assert conversation.changes == {"turns_merged": 2}
+    assistants = normalize(record, "sharegpt", policy=Policy(consecutive="merge", merged_roles=("assistant",)))
+    assert [m["content"] for m in assistants.messages] == ["a", "b", "c\n\nd"]
     assert len(messages(record, Policy(consecutive="keep"))) == 4
     with pytest.raises(Rejected, match="messages 0 and 1 are both 'user' turns") as caught:
         messages(record, Policy(consecutive="reject"))
@@ -73,7 +78,8 @@ def test_tool_results_are_never_merged_and_parallel_calls_join_one_turn():
     record = {"conversations": [turn("human", "q"), call("f"), call("g"), turn("observation", "1"),
                                 turn("observation", "2"), turn("gpt", "done")],
               "tools": json.dumps([{"name": "f", "parameters": {}}])}
-    conversation = normalize(record, "sharegpt")
+    assert [len(m.get("tool_calls", [])) for m in messages(record)] == [0, 1, 1, 0, 0, 0], "as the data has them"
+    conversation = normalize(record, "sharegpt", policy=Policy(consecutive="merge"))
     assert conversation.messages == [
         {"role": "user", "content": "q"},
         {"role": "assistant", "content": "", "tool_calls": [

@@ -16,6 +16,10 @@ recipe came to load ``MODEL`` (runnable on the page, not ``...``): the packprep 
 And when the manifest and card came to count the assistant turns and supervised tokens
 ``--max-len`` cuts (``turns_cut``, ``supervised_cut``, and a record that loses a sequence to truncation
 counted truncated): no shard or rejects.jsonl changed.
+And when a record came to reach the template
+as the data has it by default: the manifest records ``consecutive: auto`` and the card says the turns
+went ``as the data has them``; no shard or rejection changed (no fixture record has two turns of a role
+in a row or a system message for a template that refuses one).
 
 Paths of the inputs and the output are replaced by placeholders before hashing. To re-capture after
 an intended change of output: ``PYTHONPATH=. python tests/test_output_bytes.py --write``.

@@ -56,7 +56,8 @@ def flat(text: str) -> str:
 def test_pack_counts_what_normalizing_changed_everywhere(tmp_path):
     source = write_jsonl(tmp_path / "mixed.jsonl", RECORDS)
     out = tmp_path / "out"
-    result = cli("pack", source, "-t", TOKENIZER, "-o", out, "--max-len", 256, "--num-proc", 1, "-q")
+    result = cli("pack", source, "-t", TOKENIZER, "-o", out, "--max-len", 256, "--num-proc", 1, "-q",
+                 "--consecutive", "merge")  # by default the template, which renders two replies in a row, gets them
     assert result.exit_code == 0, result.output
     manifest = json.loads((out / "packprep.json").read_text())
     jsonschema.validate(manifest, load_schema("manifest"))
@@ -75,8 +76,11 @@ def test_pack_counts_what_normalizing_changed_everywhere(tmp_path):
         assert "1 turns before the first user turn dropped" in text
         assert "1 turns merged into the turn before" in text
         assert "0 assistant turns left untrained (turns_not_located)" in text
-    stats = cli("stats", source, "-t", TOKENIZER, "--max-len", 256, "--num-proc", 1, "-q")
+    stats = cli("stats", source, "-t", TOKENIZER, "--max-len", 256, "--num-proc", 1, "-q", "--consecutive", "merge")
     assert "1 turns before the first user turn dropped" in flat(stats.output)
+    assert "1 turns merged into the turn before" in flat(stats.output)
+    as_given = cli("stats", source, "-t", TOKENIZER, "--max-len", 256, "--num-proc", 1, "-q")
+    assert "turns merged" not in flat(as_given.output)
     folder = cli("stats", out)
     assert "1 turns merged into the turn before" in flat(folder.output)
     rejected = cli("pack", source, "-t", TOKENIZER, "-o", tmp_path / "strict", "--max-len", 256, "--num-proc", 1,
