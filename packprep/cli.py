@@ -55,8 +55,7 @@ def _default(function, name: str):
 
 
 # options pack and stats share, so that both read records the same way
-_SAMPLES_PER_ROW = click.option("--samples-per-row", default=None, type=int,
-                                help="Samples per row for --strategy minibatch.")
+_SAMPLES_PER_ROW = click.option("--samples-per-row", default=None, type=int, help="Samples per row for --strategy minibatch.")
 _TURN_CONTEXT = click.option(
     "--turn-context", default=DEFAULT.turn_context, show_default=True, type=click.Choice(TURN_CONTEXTS),
     help="A turn the chat template renders differently in the whole conversation than at inference (Qwen3, "
@@ -82,6 +81,33 @@ def _template_args(ctx, param, values) -> dict:
         raise click.BadParameter(str(exc)) from None
 
 
+_POLICIES = (  # the record policies (flag, choices, help); each one's default is the library's (PackConfig)
+    ("--reasoning", REASONING,
+     "Reasoning (reasoning_content, <think>...</think>) for a template that renders none: write it inline as "
+     "<think>...</think> before the answer, drop it, or reject the record. Counted either way."),
+    ("--tool-calls", TOOL_CALLS,
+     "Tool calls for a template that renders none: write them as JSON text into the reply being trained (counted), "
+     "or reject the record."),
+    ("--system", SYSTEM,
+     "System message: auto gives it to the chat template as it is (a template that writes none drops it, as at "
+     "inference) and folds it into the first user turn only where the template refuses one (counted); keep; fold."),
+    ("--consecutive", CONSECUTIVE,
+     "Two user or two assistant turns in a row: auto gives them to the chat template as they are (each reply trained"
+     " after its own header) and merges them only where the template refuses them (counted); merge them always "
+     "(blank line between); keep; or reject the record."),
+    ("--leading-assistant", LEADING,
+     "Turns before the first user turn (a chat chunk that starts mid-way): drop them and train the rest (as FastChat"
+     " does), or reject the record."),
+    ("--preference", PREFERENCE,
+     "Preference (DPO) data, records with 'chosen' and 'rejected' replies: refuse it, or train on each prompt with "
+     "its chosen reply."),
+    ("--content-special-tokens", CONTENT_SPECIAL,
+     "Text in a record that spells a control token (<|eot_id|>, <|im_end|>): text encodes it as plain text, only the"
+     " template's own markup gets control ids; special: as the control token itself (injected turns); records "
+     "holding such text are counted."),
+)
+
+
 def _record_options(command):
     """--format, --messages-field, --text-field, the normalizing policies and the template inputs:
     how records are read and rendered."""
@@ -90,46 +116,20 @@ def _record_options(command):
     command = click.option("--date", default=DEFAULT.date, show_default=True, metavar="YYYY-MM-DD",
                            help="The date templates that read the clock render (Llama-3.2's 'Today Date'), "
                            "so the same inputs give the same bytes on any day.")(command)
-    command = click.option("--template-arg", "template_args", multiple=True, callback=_template_args,
-                           metavar="KEY=VALUE",
+    command = click.option("--template-arg", "template_args", multiple=True, callback=_template_args, metavar="KEY=VALUE",
                            help="A variable for every rendering, VALUE read as JSON else text; repeatable "
                            "(e.g. enable_thinking=false). A record's own chat_template_kwargs go on top.")(command)
-    command = click.option("--reasoning", default=DEFAULT.reasoning, show_default=True, type=click.Choice(REASONING),
-                           help="Reasoning (reasoning_content, <think>...</think>) for a template that renders "
-                           "none: write it inline as <think>...</think> before the answer, drop it, or reject "
-                           "the record. Counted either way.")(command)
-    command = click.option("--tool-calls", default=DEFAULT.tool_calls, show_default=True, type=click.Choice(TOOL_CALLS),
-                           help="Tool calls for a template that renders none: write them as JSON text into the "
-                           "reply being trained (counted), or reject the record.")(command)
-    command = click.option("--system", default=DEFAULT.system, show_default=True, type=click.Choice(SYSTEM),
-                           help="System message: auto gives it to the chat template as it is (a template that "
-                           "writes none drops it, as at inference) and folds it into the first user turn only where "
-                           "the template refuses one (counted); keep; fold.")(command)
-    command = click.option("--consecutive", default=DEFAULT.consecutive, show_default=True, type=click.Choice(CONSECUTIVE),
-                           help="Two user or two assistant turns in a row: auto gives them to the chat template "
-                           "as they are (each reply trained after its own header) and merges them only where the "
-                           "template refuses them (counted); merge them always (blank line between); keep; or "
-                           "reject the record.")(command)
-    command = click.option("--leading-assistant", default=DEFAULT.leading_assistant, show_default=True, type=click.Choice(LEADING),
-                           help="Turns before the first user turn (a chat chunk that starts mid-way): drop them "
-                           "and train the rest (as FastChat does), or reject the record.")(command)
-    command = click.option("--preference", default=DEFAULT.preference, show_default=True,
-                           type=click.Choice(PREFERENCE),
-                           help="Preference (DPO) data, records with 'chosen' and 'rejected' replies: refuse it, "
-                           "or train on each prompt with its chosen reply.")(command)
+    for flag, choices, text in _POLICIES:
+        command = click.option(flag, default=getattr(DEFAULT, flag[2:].replace("-", "_")), show_default=True,
+                               type=click.Choice(choices), help=text)(command)
     command = click.option("--render-timeout", default=DEFAULT.render_timeout, show_default=True, type=float,
                            metavar="SECONDS", help="Time one record's rendering may take; a record over it is "
                            "rejected (render_timeout), a template over it on its start-up probes stops the run.")(command)
     command = click.option("--max-record-chars", default=DEFAULT.max_record_chars, show_default=True, type=int,
                            help="Characters of text one record may hold; a record over it is rejected "
                            "(record_too_long) before rendering, which would take minutes and GBs.")(command)
-    command = click.option("--content-special-tokens", default=DEFAULT.content_special_tokens, show_default=True,
-                           type=click.Choice(CONTENT_SPECIAL),
-                           help="Text in a record that spells a control token (<|eot_id|>, <|im_end|>): text encodes "
-                           "it as plain text, only the template's own markup gets control ids; special: as the "
-                           "control token itself (injected turns); records holding such text are counted.")(command)
-    command = click.option("--text-field", default=DEFAULT.text_field, show_default=True,
-                           help="Column holding plain text (--format text).")(command)
+    command = click.option("--text-field", default=DEFAULT.text_field, show_default=True, help="Column holding plain text "
+                           "(--format text).")(command)
     command = click.option("--messages-field", default=None,
                            help="Column holding the messages, if not 'conversations'/'messages'.")(command)
     return click.option("--format", "format_", default=None, type=click.Choice(FORMATS),

@@ -51,16 +51,14 @@ each conversation, and each counts what it changed (``Conversation.changes``; th
 from __future__ import annotations
 
 import json
-import reprlib
 from collections import Counter
 from dataclasses import dataclass, field
-from functools import lru_cache
-from importlib import resources
 from typing import Any
 
 from .assistant_turns import ARGUMENTS_TEXT, GIVEN, OTHERS, REASONING_FIELDS, place_reasoning, shape_calls, with_reasoning
 from .errors import ConfigError, Rejected, listing
 from .json_limits import JSONLimit, check_depth, loads
+from .record_schema import schema_problem
 
 FORMATS = ("sharegpt", "openai", "alpaca", "text")
 
@@ -181,7 +179,8 @@ def normalize(record: Any, fmt: str, fields: FieldNames = FieldNames(), policy: 
         raise Rejected(str(exc), exc.code) from None
     except Rejected as exc:
         # an unknown role's reason lists the known roles already, as the schema's complaint would
-        detail = None if exc.code == "unknown_role" else schema_problem(record, fmt, fields)
+        custom = fields.messages or fields.text != "text"  # checked structurally by the normaliser alone
+        detail = None if exc.code == "unknown_role" or custom else schema_problem(record, fmt)
         reason = f"{exc} ({detail})" if detail and detail not in str(exc) else str(exc)
         raise Rejected(reason, exc.code) from None
     return fit(conversation, policy)
@@ -563,43 +562,3 @@ def _json_type(value: Any) -> str:
         list: "array",
         dict: "object",
     }.get(type(value), type(value).__name__)
-
-
-@lru_cache(maxsize=None)
-def load_schema(name: str) -> dict:
-    """A JSON Schema shipped in ``schemas/`` (``sharegpt``, ``openai``, ``packed_row``, ...)."""
-    text = resources.files("packprep").joinpath("schemas", f"{name}.schema.json").read_text()
-    return json.loads(text)
-
-
-def schema_problem(record: Any, fmt: str, fields: FieldNames = FieldNames()) -> str | None:
-    """The first violation of the format's JSON Schema, as one line; None if it validates.
-
-    Only called for records already rejected, so validation costs nothing on the fast path.
-    Custom field names are checked structurally by the normaliser alone.
-    """
-    if fields.messages or fields.text != "text":
-        return None
-    import jsonschema
-
-    validator = jsonschema.Draft202012Validator(load_schema(fmt))
-    try:
-        error = jsonschema.exceptions.best_match(validator.iter_errors(record))
-    except RecursionError:  # a record nested too deeply to describe; the normaliser's reason stands
-        return None
-    if error is None:
-        return None
-    where = "/".join(str(part) for part in error.absolute_path) or "record"
-    return f"schema {fmt}: at {where}: {_schema_message(error)}"
-
-
-def _schema_message(error) -> str:
-    """jsonschema's message, whole: its lists and the value it quotes shortened, not the sentence cut."""
-    value = reprlib.repr(error.instance)
-    if error.validator == "enum":
-        return f"{value} is not one of {listing(map(repr, error.validator_value))}"
-    if len(error.message) <= 160:
-        return error.message
-    if error.validator == "type":
-        return f"{value} is not of type {error.validator_value!r}"
-    return f"{value} breaks the schema's {error.validator!r} rule"

@@ -41,7 +41,7 @@ import pyarrow as pa
 from .errors import ConfigError, InputError
 from .layout import (FILES, IGNORE_INDEX, ROW_SCHEMA, TREE_LAYOUT, LayoutError, ShardReader, UnreadableLayoutError, get_layout,
                      list_column, readable_layout)
-from .normalize import load_schema
+from .record_schema import load_schema
 from .read import file_sha256
 from .settings import check_verify
 

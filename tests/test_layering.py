@@ -12,7 +12,7 @@ from pathlib import Path
 import packprep
 
 PACKAGE = Path(__file__).resolve().parent.parent / "packprep"
-STEPS = {"read", "parts", "json_scan", "normalize", "template_fit", "render", "render_onepass", "tokenization", "turn_ids", "tiktoken_backend", "tiktoken_convert", "tokenizer_folder",
+STEPS = {"read", "parts", "json_scan", "normalize", "record_schema", "template_fit", "render", "render_onepass", "tokenization", "turn_ids", "tiktoken_backend", "tiktoken_convert", "tokenizer_folder",
          "encode", "ledger", "plan", "repack", "packing", "packing_kernels", "materialize", "write", "join", "layout", "layouts"}
 NOT_FROM_STEPS = {"engines", "verification", "pipeline"}
 

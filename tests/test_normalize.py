@@ -11,8 +11,8 @@ import json
 
 import pytest
 
-from packprep.normalize import (ROLES, Conversation, FieldNames, Policy, Rejected, detect_format, load_schema,
-                                normalize)
+from packprep.normalize import ROLES, Conversation, FieldNames, Policy, Rejected, detect_format, normalize
+from packprep.record_schema import load_schema
 from packprep.template_fit import fit_to_template
 from packprep.tokenization import ChatEncoder, Encoded, load_tokenizer
 

@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from packprep.cli import main
-from packprep.normalize import load_schema
+from packprep.record_schema import load_schema
 
 from .conftest import EXAMPLE_TOKENIZER
 
