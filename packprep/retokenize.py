@@ -9,9 +9,10 @@ tokenized on its own by that tokenizer, its target after it (turn_ids.py), never
 sequence's tokenization cut at character offsets. Each sampled sequence's ``input_ids`` must be a slice of one of its record's
 re-made sequences (the whole of it, its first ``max_len`` tokens, or a piece of it) and its
 labels the same slice of the re-made labels, with ``-100`` at the sequence's first token. In a
-shared-prefix folder each packed sequence is a record's prefix tree: it must be the tree of the
-record's re-made sequences (prefix_tree.build_tree, the sequences the encoder keeps, in its order),
-ids, labels, positions and descendants alike, or the first ``max_len`` tokens of it.
+shared-prefix folder each packed sequence is a record's prefix tree: it must be one of the trees the
+record's re-made sequences make in rows of ``max_len`` (prefix_tree.build_trees, the sequences the
+encoder keeps, in its order: one tree, or split at branch points), ids, labels, positions and
+descendants alike, or the first ``max_len`` tokens of it.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import numpy as np
 
 from .layout import IGNORE_INDEX, TREE_COLUMN, ShardReader
 from .normalize import FieldNames, Policy, Rejected, detect_format, normalize
-from .prefix_tree import build_tree, truncate_tree
+from .prefix_tree import build_trees, truncate_tree
 from .template_fit import fit_to_template
 from .parts import stream_records
 from .errors import ConfigError
@@ -77,8 +78,8 @@ def retokenize_check(folder: Path, manifest: dict, n: int, seed: int = 0) -> tup
             remade[seq.source_index] = _remake(records[seq.source_index], fields, policy, config.get("format"), template,
                                                tokenizer, *settings)
         remade_here = remade[seq.source_index]
-        problem = _compare_tree(seq, remade_here) if seq.tree is not None and not isinstance(remade_here, str) \
-            else _compare(seq, remade_here)
+        tree = seq.tree is not None and not isinstance(remade_here, str)
+        problem = _compare_tree(seq, remade_here, int(config["max_len"])) if tree else _compare(seq, remade_here)
         if problem:
             where = records[seq.source_index][0]
             failures.append((seq.shard, f"sequence of {where}: {problem}", seq.row))
@@ -270,17 +271,23 @@ def _compare(seq: Sampled, remade) -> str | None:
     return next((p for p in problems if "not a slice" not in p), problems[-1])  # the nearest miss
 
 
-def _compare_tree(seq: Sampled, remade: list[tuple[np.ndarray, np.ndarray]]) -> str | None:
-    """None if the shared-prefix tree ``seq`` is the tree of the record's re-made sequences (those the
-    encoder keeps: a label trained past the first token), or its first ``seq.length`` tokens."""
+def _compare_tree(seq: Sampled, remade: list[tuple[np.ndarray, np.ndarray]], max_len: int) -> str | None:
+    """None if the shared-prefix tree ``seq`` is one of the trees the record's re-made sequences (those the
+    encoder keeps: a label trained past the first token) make in rows of ``max_len``
+    (``prefix_tree.build_trees``: one tree, or the tree split at branch points), or its first ``seq.length``
+    tokens (a sequence longer than the row, cut)."""
     kept = [(ids, labels) for ids, labels in remade if len(ids) and (labels[1:] != IGNORE_INDEX).any()]
     if not kept:
         return "the record re-tokenized trains no token"
-    tree = build_tree(kept)
-    positions, descendants = truncate_tree(tree.position_ids, tree.descendants, seq.length)
+    problems = [_tree_problem(seq, tree) for tree in build_trees(kept, max_len)]
+    return None if None in problems else problems[0]
+
+
+def _tree_problem(seq: Sampled, tree) -> str | None:
     n = seq.length
     if len(tree) < n:
         return f"its {n} tokens are more than the record's prefix tree re-made ({len(tree)} tokens)"
+    positions, descendants = truncate_tree(tree.position_ids, tree.descendants, n)
     for name, stored, made in (("token ids", seq.input_ids, tree.input_ids[:n]), ("labels", seq.labels, tree.labels[:n]),
                                ("position_ids", seq.tree[0], positions), ("tree_descendants", seq.tree[1], descendants)):
         differ = np.flatnonzero(np.asarray(stored) != np.asarray(made))
