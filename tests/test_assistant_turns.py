@@ -93,7 +93,7 @@ def test_reasoning_reject_names_the_message_and_the_options():
 def test_merged_turns_keep_both_reasonings():
     record = chat(USER, {"role": "assistant", "content": "a", "reasoning_content": "r1"},
                   {"role": "assistant", "content": "b", "reasoning_content": "r2"})
-    merged = normalize(record, "openai").messages[1]
+    merged = normalize(record, "openai", policy=Policy(consecutive="merge")).messages[1]
     assert merged == {"role": "assistant", "content": "a\n\nb", **fields("r1\n\nr2")}
 
 
