@@ -62,8 +62,8 @@ def cut_text(counts: dict, max_len: int) -> str:
     turns, supervised = counts.get("turns_cut", 0), counts.get("supervised_cut", 0)
     if not (turns or supervised):
         return f"--max-len {max_len:,}: no assistant turn or supervised token cut"
-    return (f"--max-len {max_len:,}: {turns:,} assistant turns left without a trained token, "
-            f"{supervised:,} supervised tokens cut (turns_cut, supervised_cut)")
+    return (f"--max-len {max_len:,}: {turns:,} assistant turn{'s' * (turns != 1)} left without a trained token, "
+            f"{supervised:,} supervised token{'s' * (supervised != 1)} cut (turns_cut, supervised_cut)")
 
 
 def plan_bins(

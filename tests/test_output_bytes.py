@@ -19,7 +19,8 @@ counted truncated): no shard or rejects.jsonl changed.
 And when a record came to reach the template
 as the data has it by default: the manifest records ``consecutive: auto`` and the card says the turns
 went ``as the data has them``; no shard or rejection changed (no fixture record has two turns of a role
-in a row or a system message for a template that refuses one).
+in a row or a system message for a template that refuses one). And the card's line of what ``--max-len``
+cut came to say "1 assistant turn" in the singular: the example's cards only.
 
 Paths of the inputs and the output are replaced by placeholders before hashing. To re-capture after
 an intended change of output: ``PYTHONPATH=. python tests/test_output_bytes.py --write``.
