@@ -15,7 +15,7 @@ import pytest
 
 import packprep
 from packprep import encode, tiktoken_backend, tiktoken_convert
-from packprep.errors import ConfigError
+from packprep.errors import ConfigError, WorkerDied
 from packprep.normalize import Conversation, Rejected
 from packprep.tiktoken_backend import TiktokenBackend, check_equivalence, fast_backend, guard_sample
 from packprep.tokenization import ChatEncoder, Encoded, load_tokenizer
@@ -552,8 +552,8 @@ def test_a_data_guard_that_fails_stops_the_run(tmp_path, monkeypatch, failure):
         raise ValueError("not today")
 
     monkeypatch.setattr(ChatEncoder, "differs_from_hf", differs_from_hf)
-    match = "not today" if failure == "raises" else "ended without a verdict, exit code 3"
-    with pytest.raises(ValueError if failure == "raises" else RuntimeError, match=match):
+    match = "not today" if failure == "raises" else "data guard's process .* ended with exit code 3 before its work was done"
+    with pytest.raises(ValueError if failure == "raises" else WorkerDied, match=match):
         packprep.pack(str(CONVERSATIONS / "llamafactory_glaive_toolcall_en_demo.json"), tmp_path / "out",
                       fixture_tokenizer("llama3"), max_len=2048, num_proc=2)
     assert not (tmp_path / "out").exists()
