@@ -9,7 +9,7 @@ tokenized on its own by that tokenizer, its target after it (turn_ids.py), never
 sequence's tokenization cut at character offsets. Each sampled sequence's ``input_ids`` must be a slice of one of its record's
 re-made sequences (the whole of it, its first ``max_len`` tokens, or a piece of it) and its
 labels the same slice of the re-made labels, with ``-100`` at the sequence's first token. In a
-shared-prefix folder each packed sequence is a record's prefix tree: it must be one of the trees the
+shared-prefix folder each packed sequence is a record's prefix tree: it is one of the trees the
 record's re-made sequences make in rows of ``max_len`` (prefix_tree.build_trees, the sequences the
 encoder keeps, in its order: one tree, or split at branch points), ids, labels, positions and
 descendants alike, or the first ``max_len`` tokens of it.
