@@ -33,6 +33,11 @@ def has_image_processor(folder: str) -> bool:
 def load_processor(folder: str):
     """``AutoProcessor.from_pretrained(folder)``; a processor with a video part that cannot load here
     (transformers' video processors need torchvision) is made without it: images never use it."""
+    import importlib.util
+
+    if importlib.util.find_spec("PIL") is None:
+        raise ConfigError(f"{folder} holds an image processor, and reading images needs Pillow: "
+                          "pip install 'packprep[vision]'")
     try:
         from transformers import AutoProcessor
 
