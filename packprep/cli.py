@@ -522,10 +522,10 @@ def stats(inputs, tokenizer, max_lens, strategies, global_batch_size, epochs, fo
     """
     from .length_stats import plot, render_text, require_matplotlib
 
-    if plot_path:
-        require_matplotlib()
+    if plot_path:  # a plot over what the run reads is refused before anything else is asked of it
         refuse_reads("--plot", plot_path, Path(os.path.realpath(plot_path)),
                      [*inputs, tokenizer, settings.get("mix"), settings.get("model_config")])
+        require_matplotlib()
     report = stats_(list(inputs), tokenizer, max_lens or None, strategies or None, global_batch_size, epochs,
                     num_proc=num_proc, progress=not quiet, format=format_, dp_size=dp_size,
                     rows_per_step=stats_rows_per_step, **settings)

@@ -13,6 +13,9 @@ import pytest
 
 from .conftest import REPO
 
+VISION_TRANSFORMERS = "the vision path needs transformers 5 (its processors' replace_image_token)"
+pytest.importorskip("transformers", minversion="5.0", reason=VISION_TRANSFORMERS)
+
 
 def test_gpu_vision_runs_on_cpu(tmp_path):
     pytest.importorskip("torch")

@@ -18,6 +18,9 @@ from packprep.vision.processor import ImageTokens, load_processor
 from .conftest import needs_fixtures
 from .vision_folders import FAMILIES, build, conversation_set, draw_image
 
+VISION_TRANSFORMERS = "the vision path needs transformers 5 (its processors' replace_image_token)"
+pytest.importorskip("transformers", minversion="5.0", reason=VISION_TRANSFORMERS)
+
 pytestmark = [pytest.mark.slow, needs_fixtures]  # the fixtures' vocabularies and conversations
 
 

@@ -11,6 +11,9 @@ from packprep.vision.processor import ImageTokens, load_processor, rope_index
 from .conftest import needs_fixtures
 from .vision_folders import FAMILIES, build, draw_image
 
+VISION_TRANSFORMERS = "the vision path needs transformers 5 (its processors' replace_image_token)"
+pytest.importorskip("transformers", minversion="5.0", reason=VISION_TRANSFORMERS)
+
 pytestmark = needs_fixtures  # the fixtures' vocabularies and conversations
 
 SIZES = [(300, 200), (64, 900), (1500, 1000), (28, 28)]
