@@ -25,6 +25,13 @@ TOKENIZERS = FIXTURES / "tokenizers"
 needs_fixtures = pytest.mark.skipif(not FIXTURES.is_dir(), reason="../shared/fixtures is not beside the repo")
 
 
+def needs_vision_transformers():
+    """Skip the calling test module below transformers 5, whose processors' replace_image_token the vision
+    path uses (packprep refuses an older one for images with that reason)."""
+    return pytest.importorskip("transformers", minversion="5.0",
+                               reason="the vision path needs transformers 5 (its processors' replace_image_token)")
+
+
 def fixture_tokenizer(name: str) -> str:
     return str(TOKENIZERS / name)
 

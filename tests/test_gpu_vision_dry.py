@@ -11,10 +11,9 @@ import sys
 
 import pytest
 
-from .conftest import REPO
+from .conftest import REPO, needs_vision_transformers
 
-VISION_TRANSFORMERS = "the vision path needs transformers 5 (its processors' replace_image_token)"
-pytest.importorskip("transformers", minversion="5.0", reason=VISION_TRANSFORMERS)
+needs_vision_transformers()
 
 
 def test_gpu_vision_runs_on_cpu(tmp_path):

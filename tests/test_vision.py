@@ -15,11 +15,10 @@ from PIL import Image
 import packprep
 from packprep.vision.processor import ImageTokens, load_processor
 
-from .conftest import needs_fixtures
+from .conftest import needs_fixtures, needs_vision_transformers
 from .vision_folders import FAMILIES, build, conversation_set, draw_image
 
-VISION_TRANSFORMERS = "the vision path needs transformers 5 (its processors' replace_image_token)"
-pytest.importorskip("transformers", minversion="5.0", reason=VISION_TRANSFORMERS)
+needs_vision_transformers()
 
 pytestmark = [pytest.mark.slow, needs_fixtures]  # the fixtures' vocabularies and conversations
 

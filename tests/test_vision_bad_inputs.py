@@ -13,11 +13,10 @@ import packprep
 from packprep.errors import InputError
 
 from .template_folders import build_folder
-from .conftest import needs_fixtures
+from .conftest import needs_fixtures, needs_vision_transformers
 from .vision_folders import build, draw_image
 
-VISION_TRANSFORMERS = "the vision path needs transformers 5 (its processors' replace_image_token)"
-pytest.importorskip("transformers", minversion="5.0", reason=VISION_TRANSFORMERS)
+needs_vision_transformers()
 
 pytestmark = needs_fixtures  # the fixtures' vocabularies and conversations
 

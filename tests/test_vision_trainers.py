@@ -26,9 +26,9 @@ from packprep.training.vision_check import check_vision_pipeline  # noqa: E402
 
 from .vision_folders import build, conversation_set  # noqa: E402
 from .vision_models import tiny_qwen_vl  # noqa: E402
+from .conftest import needs_vision_transformers  # noqa: E402
 
-VISION_TRANSFORMERS = "the vision path needs transformers 5 (its processors' replace_image_token)"
-pytest.importorskip("transformers", minversion="5.0", reason=VISION_TRANSFORMERS)
+needs_vision_transformers()
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
 

@@ -23,9 +23,9 @@ from packprep.training.vision import VisionCollator, VisionRowError  # noqa: E40
 from packprep.training.vision_check import check_vision_pipeline, split_sequences  # noqa: E402
 
 from .vision_models import FAMILIES, IMAGE, family, packed_rows  # noqa: E402
+from .conftest import needs_vision_transformers  # noqa: E402
 
-VISION_TRANSFORMERS = "the vision path needs transformers 5 (its processors' replace_image_token)"
-pytest.importorskip("transformers", minversion="5.0", reason=VISION_TRANSFORMERS)
+needs_vision_transformers()
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
